@@ -1,0 +1,521 @@
+"""Typed run configuration: one frozen, keyword-only dataclass per concern.
+
+A config is built from YAML presets (``configs/``) plus ``key=value`` overrides. Every field is
+validated where it is declared; a bad value raises :class:`ConfigError` naming the key and the
+allowed values, and an unknown key names the nearest valid keys. The CLI turns a ``ConfigError``
+into one line on stderr and exit code 2.
+
+Presets may inherit: a top-level ``base: other.yaml`` (path relative to the preset, or a list of
+them) is loaded first and the preset's own keys override it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import yaml
+
+from cluster_fl.errors import UserError
+
+CLIPPING_METHODS = (
+    "flat",
+    "uniform",
+    "size",
+    "uniform-ema",
+    "size-ema",
+    "quantile",
+    "probe",
+    "alpha-split",
+    "pools",
+)
+INSIDE_POOL_RULES = ("size", "uniform", "flat", "ema")
+COMPONENTS = ("encoder", "connector", "decoder")
+
+
+class ConfigError(UserError, ValueError):
+    """A configuration problem, phrased for the user: names the key and what is allowed."""
+
+    def __init__(self, key: str, message: str):
+        self.key = key
+        super().__init__(f"config key '{key}': {message}")
+
+
+def _check(cond: bool, key: str, message: str) -> None:
+    if not cond:
+        raise ConfigError(key, message)
+
+
+def _in(value: Any, allowed: Iterable[Any], key: str) -> None:
+    allowed = tuple(allowed)
+    _check(value in allowed, key, f"got {value!r}; allowed: {', '.join(map(str, allowed))}")
+
+
+def _range(value: Any, key: str, lo: float | None = None, hi: float | None = None,
+           lo_open: bool = False, hi_open: bool = False, integer: bool = False) -> None:
+    if integer:
+        _check(isinstance(value, int) and not isinstance(value, bool), key,
+               f"got {value!r}; must be an integer")
+    else:
+        _check(isinstance(value, (int, float)) and not isinstance(value, bool), key,
+               f"got {value!r}; must be a number")
+        _check(math.isfinite(value), key, f"got {value!r}; must be finite")
+    lo_s = "-inf" if lo is None else repr(lo)
+    hi_s = "inf" if hi is None else repr(hi)
+    rng = f"{'(' if lo_open else '['}{lo_s}, {hi_s}{')' if hi_open else ']'}"
+    ok = True
+    if lo is not None:
+        ok &= value > lo if lo_open else value >= lo
+    if hi is not None:
+        ok &= value < hi if hi_open else value <= hi
+    _check(ok, key, f"got {value!r}; allowed range {rng}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    """Which speech-LLM to build and how to adapt it."""
+
+    arch: str = "whisper-tinyllama-tiny"
+    """Registry name (see ``cluster_fl.models.registry``), e.g. ``whisper-tinyllama-tiny``."""
+    freeze_encoder: bool = False
+    """Frozen-encoder variant: no encoder LoRA is trained."""
+    lora_rank: int = 4
+    """LoRA rank on q/k/v of encoder and decoder."""
+    lora_alpha: float = 8.0
+    """LoRA scale numerator (PEFT ``lora_alpha``)."""
+    lora_dropout: float = 0.0
+    """LoRA dropout probability."""
+    checkpoint: str | None = None
+    """Directory of a ``cluster-fl pretrain`` checkpoint (tiny models) to start from."""
+    encoder_path: str | None = None
+    """Local path / HF-cache name of the real audio encoder (``from_pretrained``; never downloads)."""
+    decoder_path: str | None = None
+    """Local path / HF-cache name of the real LLM decoder."""
+    tokenizer_path: str | None = None
+    """Local path of the tokenizer (defaults to the decoder's)."""
+    layout: tuple[Mapping[str, Any], ...] | None = None
+    """Explicit parameter layout ``[{name, component, numel}, ...]`` used by ``thresholds``
+    instead of building the model (for sizing a huge model without loading it)."""
+
+    def __post_init__(self) -> None:
+        _check(isinstance(self.arch, str) and self.arch != "", "model.arch", "must be a name")
+        _range(self.lora_rank, "model.lora_rank", 1, 4096, integer=True)
+        _range(self.lora_alpha, "model.lora_alpha", 0.0, None, lo_open=True)
+        _range(self.lora_dropout, "model.lora_dropout", 0.0, 1.0, hi_open=True)
+        if self.layout is not None:
+            object.__setattr__(self, "layout", tuple(dict(g) for g in self.layout))
+            for i, g in enumerate(self.layout):
+                key = f"model.layout[{i}]"
+                _check(set(g) >= {"name", "component", "numel"}, key,
+                       "each group needs name, component and numel")
+                _range(g["numel"], key + ".numel", 1, None, integer=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataConfig:
+    """Where the speech comes from and how it is split into clients."""
+
+    corpus: str = "~/.cache/cluster_fl/corpus"
+    """Corpus root in the MLS Parquet layout (synthetic or real MLS)."""
+    languages: tuple[str, ...] = ("en", "de", "nl", "fr", "es", "it", "pt", "pl")
+    """Languages to use."""
+    client_split: str = "private"
+    """Split whose speakers become federated clients."""
+    eval_split: str = "test"
+    """Split used for the final WER."""
+    max_clients: int = 0
+    """Use at most this many clients (0 = all)."""
+    max_utterances_per_client: int = 0
+    """Cap on a client's utterances (0 = no cap)."""
+    feature_cache: str | None = None
+    """Directory for cached log-mel features (default: ``<corpus>/features``)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "languages", tuple(self.languages))
+        _check(len(self.languages) > 0, "data.languages", "needs at least one language")
+        _range(self.max_clients, "data.max_clients", 0, None, integer=True)
+        _range(self.max_utterances_per_client, "data.max_utterances_per_client", 0, None,
+               integer=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class FLConfig:
+    """The federated schedule: rounds, cohorts, local work."""
+
+    rounds: int = 5
+    """Number of federated rounds T."""
+    clients_per_round: int = 8
+    """Cohort size (fixed sampling) or expected cohort size q·N (Poisson)."""
+    sampling: str = "poisson"
+    """Cohort sampling: ``poisson`` (each client independently with q) or ``fixed``."""
+    local_epochs: int = 1
+    """Local epochs E per client per round."""
+    batch_size: int = 16
+    """Local batch size B."""
+    lr: float = 1e-3
+    """Peak local learning rate (AdamW, cosine decay)."""
+    max_local_steps: int = 0
+    """Cap on local optimiser steps per round (0 = no cap)."""
+
+    def __post_init__(self) -> None:
+        _range(self.rounds, "fl.rounds", 1, None, integer=True)
+        _range(self.clients_per_round, "fl.clients_per_round", 1, None, integer=True)
+        _in(self.sampling, ("poisson", "fixed"), "fl.sampling")
+        _range(self.local_epochs, "fl.local_epochs", 1, None, integer=True)
+        _range(self.batch_size, "fl.batch_size", 1, None, integer=True)
+        _range(self.lr, "fl.lr", 0.0, 10.0, lo_open=True)
+        _range(self.max_local_steps, "fl.max_local_steps", 0, None, integer=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClientConfig:
+    """Local optimiser details of one client."""
+
+    lr_encoder_mult: float = 1.0
+    """Learning-rate multiplier for encoder groups (0.1 gives the paper's ~12× norm ratio)."""
+    lr_connector_mult: float = 1.0
+    """Learning-rate multiplier for connector groups."""
+    lr_decoder_mult: float = 1.0
+    """Learning-rate multiplier for decoder groups."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    warmup_steps: int = 0
+    """Linear warm-up steps before the cosine decay."""
+    max_grad_norm: float = 0.0
+    """Local gradient-norm clip for optimiser stability (0 = off; not a privacy mechanism)."""
+
+    def __post_init__(self) -> None:
+        for name in ("lr_encoder_mult", "lr_connector_mult", "lr_decoder_mult"):
+            _range(getattr(self, name), f"client.{name}", 0.0, 1000.0)
+        _range(self.weight_decay, "client.weight_decay", 0.0, 1.0)
+        _range(self.warmup_steps, "client.warmup_steps", 0, None, integer=True)
+        _range(self.max_grad_norm, "client.max_grad_norm", 0.0, None)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PrivacyConfig:
+    """Central DP: clipping policy, Gaussian noise, accounting. Sensitivity is ``clip_norm``."""
+
+    mechanism: str = "gaussian"
+    """``gaussian`` (DP-FedAvg) or ``none`` (non-private FedAvg; must be written out)."""
+    clipping: str = "alpha-split"
+    """Clipping policy: one of ``CLIPPING_METHODS``."""
+    clip_norm: float = 1.0
+    """Total L2 clipping budget C (joint sensitivity of one client's update)."""
+    noise_multiplier: float = 0.1
+    """Noise multiplier σ: the summed update gets N(0, σ²C²)."""
+    alpha: float = 0.05
+    """Encoder pool share of C² for ``alpha-split``."""
+    inside_pool: str = "size"
+    """Rule inside each pool for ``alpha-split``/``pools``: size, uniform, flat, ema."""
+    pools: tuple[Mapping[str, Any], ...] | None = None
+    """For ``pools``: ``[{name, components: [...], share}, ...]`` with shares summing to 1."""
+    delta: float = 1e-5
+    """Target δ."""
+    accountant: str = "rdp"
+    """``rdp`` or ``pld`` (dp-accounting)."""
+    target_epsilon: float | None = None
+    """If set, ``account`` also reports the σ that reaches this ε."""
+    secure_mode: bool = False
+    """Noise and masks from the OS CSPRNG, floating-point-attack-resistant noise; no seed."""
+    adaptive_private: bool = True
+    """Adaptive statistics (EMA, quantile) are clipped, noised and accounted. ``False`` reproduces
+    the paper's non-private EMA and records the guarantee as void."""
+    ema_decay: float = 0.9
+    """EMA decay of the per-group mean client norm."""
+    ema_gamma: float = 1.0
+    """Exponent γ on the EMA norm in the EMA weights."""
+    ema_warmup_rounds: int = 3
+    """Rounds with base weights before EMA weights take over."""
+    stat_clip: float = 1.0
+    """L2 bound on one client's vector of adaptive statistics (per-group norms)."""
+    stat_noise_multiplier: float = 1.0
+    """Noise multiplier on the summed adaptive statistics (composed in the accountant)."""
+    quantile_target: float = 0.5
+    """Target unclipped fraction γ for quantile clipping (Andrew et al. 2021)."""
+    quantile_lr: float = 0.2
+    """Geometric learning rate η for quantile clipping."""
+    probe_norms: str | None = None
+    """JSON of per-group mean norms from a public probe (``calibrate``) for ``probe`` clipping."""
+
+    def __post_init__(self) -> None:
+        _in(self.mechanism, ("gaussian", "none"), "privacy.mechanism")
+        _in(self.clipping, CLIPPING_METHODS, "privacy.clipping")
+        _range(self.clip_norm, "privacy.clip_norm", 0.0, None, lo_open=True)
+        _range(self.noise_multiplier, "privacy.noise_multiplier", 0.0, None)
+        _range(self.alpha, "privacy.alpha", 0.0, 1.0, lo_open=True, hi_open=True)
+        _in(self.inside_pool, INSIDE_POOL_RULES, "privacy.inside_pool")
+        _range(self.delta, "privacy.delta", 0.0, 1.0, lo_open=True, hi_open=True)
+        _in(self.accountant, ("rdp", "pld"), "privacy.accountant")
+        if self.target_epsilon is not None:
+            _range(self.target_epsilon, "privacy.target_epsilon", 0.0, None, lo_open=True)
+        _range(self.ema_decay, "privacy.ema_decay", 0.0, 1.0, hi_open=True)
+        _range(self.ema_gamma, "privacy.ema_gamma", 0.0, 10.0)
+        _range(self.ema_warmup_rounds, "privacy.ema_warmup_rounds", 0, None, integer=True)
+        _range(self.stat_clip, "privacy.stat_clip", 0.0, None, lo_open=True)
+        _range(self.stat_noise_multiplier, "privacy.stat_noise_multiplier", 0.0, None,
+               lo_open=True)
+        _range(self.quantile_target, "privacy.quantile_target", 0.0, 1.0, lo_open=True,
+               hi_open=True)
+        _range(self.quantile_lr, "privacy.quantile_lr", 0.0, 10.0, lo_open=True)
+        if self.clipping == "pools":
+            _check(self.pools is not None and len(self.pools) >= 1, "privacy.pools",
+                   "clipping 'pools' needs a list of {name, components, share}")
+        if self.pools is not None:
+            object.__setattr__(self, "pools", tuple(dict(p) for p in self.pools))
+            total = 0.0
+            for i, p in enumerate(self.pools):
+                key = f"privacy.pools[{i}]"
+                _check(set(p) >= {"name", "components", "share"}, key,
+                       "each pool needs name, components and share")
+                _range(p["share"], key + ".share", 0.0, 1.0, lo_open=True)
+                total += p["share"]
+            _check(abs(total - 1.0) < 1e-9, "privacy.pools",
+                   f"shares must sum to 1 (got {total!r})")
+
+
+@dataclass(frozen=True, kw_only=True)
+class AggregationConfig:
+    """Server side: secure sum and the server step."""
+
+    server_optimizer: str = "fedavg"
+    """``fedavg`` (θ += noised mean update × server_lr), ``momentum`` or ``adam``."""
+    server_lr: float = 1.0
+    """Server learning rate on the noised mean update."""
+    server_momentum: float = 0.9
+    """Momentum for ``momentum`` (β1 for ``adam``)."""
+    secure_sum: bool = True
+    """Pairwise-masked fixed-point int64 all-reduce (exact, order-independent)."""
+    fixed_point_bits: int = 32
+    """Fractional bits of the fixed-point encoding."""
+    weighting: str = "uniform"
+    """``uniform`` (every clipped update counts 1) or ``samples`` (weight min(n_i, cap)/cap ≤ 1,
+    so a prolific speaker cannot exceed the sensitivity)."""
+    weight_cap: int = 64
+    """Sample cap for ``samples`` weighting."""
+
+    def __post_init__(self) -> None:
+        _in(self.server_optimizer, ("fedavg", "momentum", "adam"),
+            "aggregation.server_optimizer")
+        _range(self.server_lr, "aggregation.server_lr", 0.0, 100.0, lo_open=True)
+        _range(self.server_momentum, "aggregation.server_momentum", 0.0, 1.0, hi_open=True)
+        _range(self.fixed_point_bits, "aggregation.fixed_point_bits", 8, 48, integer=True)
+        _in(self.weighting, ("uniform", "samples"), "aggregation.weighting")
+        _range(self.weight_cap, "aggregation.weight_cap", 1, None, integer=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvalConfig:
+    """Word error rate evaluation."""
+
+    every: int = 0
+    """Evaluate every this many rounds (0 = only after the last round)."""
+    max_utterances: int = 400
+    """Cap on evaluated utterances (0 = all), taken speaker-stratified."""
+    batch_size: int = 32
+    """Decoding batch size."""
+    max_new_tokens: int = 64
+    """Greedy decoding length limit (tokens)."""
+    bootstrap: int = 1000
+    """Speaker-clustered bootstrap resamples for the 95% CI."""
+
+    def __post_init__(self) -> None:
+        _range(self.every, "eval.every", 0, None, integer=True)
+        _range(self.max_utterances, "eval.max_utterances", 0, None, integer=True)
+        _range(self.batch_size, "eval.batch_size", 1, None, integer=True)
+        _range(self.max_new_tokens, "eval.max_new_tokens", 1, None, integer=True)
+        _range(self.bootstrap, "eval.bootstrap", 0, None, integer=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AuditConfig:
+    """Privacy-audit gates, fixed before the run."""
+
+    margin_pp: float = 1.0
+    """Fail when the bound on (attack accuracy − constant baseline) exceeds this, in points."""
+    family_alpha: float = 0.05
+    """Family-wise error rate, Bonferroni-split over the whole battery."""
+    canaries: int = 64
+    """Canary trials for the empirical ε lower bound."""
+    record_channels: bool = False
+    """Record per-client uploads, per-rank partial sums and releases for the audit."""
+
+    def __post_init__(self) -> None:
+        _range(self.margin_pp, "audit.margin_pp", 0.0, 100.0)
+        _range(self.family_alpha, "audit.family_alpha", 0.0, 1.0, lo_open=True, hi_open=True)
+        _range(self.canaries, "audit.canaries", 0, None, integer=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunConfig:
+    """Bookkeeping: seed, output folder, checkpoints, threads."""
+
+    seed: int = 0
+    """Root seed: cohorts, client training and research-mode noise derive from it."""
+    out: str = "results"
+    """Results root; a run writes ``<out>/<experiment>/<run_id>/``."""
+    experiment: str = "default"
+    """Experiment name (first folder level)."""
+    run_id: str | None = None
+    """Run folder name (default: derived from the resolved config)."""
+    checkpoint_every: int = 1
+    """Write an atomic checkpoint every this many rounds."""
+    threads: int = 0
+    """torch intra-op threads per rank (0 = cores ÷ local ranks)."""
+    device: str = "auto"
+    """``cpu``, ``cuda`` or ``auto``."""
+    timeout_s: int = 60
+    """Collective timeout: a dead rank fails the job within this many seconds."""
+
+    def __post_init__(self) -> None:
+        _range(self.seed, "run.seed", 0, 2**63 - 1, integer=True)
+        _range(self.checkpoint_every, "run.checkpoint_every", 1, None, integer=True)
+        _range(self.threads, "run.threads", 0, 1024, integer=True)
+        _in(self.device, ("cpu", "cuda", "auto"), "run.device")
+        _range(self.timeout_s, "run.timeout_s", 1, None, integer=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Config:
+    """The whole resolved configuration of one run."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    fl: FLConfig = field(default_factory=FLConfig)
+    client: ClientConfig = field(default_factory=ClientConfig)
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
+    aggregation: AggregationConfig = field(default_factory=AggregationConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    audit: AuditConfig = field(default_factory=AuditConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+
+SECTIONS: dict[str, type] = {
+    "model": ModelConfig, "data": DataConfig, "fl": FLConfig, "client": ClientConfig,
+    "privacy": PrivacyConfig, "aggregation": AggregationConfig, "eval": EvalConfig,
+    "audit": AuditConfig, "run": RunConfig,
+}
+
+
+def valid_keys() -> list[str]:
+    """Every ``section.field`` key a config accepts."""
+    return [f"{s}.{f.name}" for s, cls in SECTIONS.items() for f in fields(cls)]
+
+
+def _unknown(key: str) -> ConfigError:
+    near = difflib.get_close_matches(key, valid_keys(), n=3, cutoff=0.5)
+    if not near:  # fall back to matching the field name alone
+        tail = key.rsplit(".", 1)[-1]
+        near = [k for k in valid_keys() if difflib.SequenceMatcher(None, tail, k.rsplit(".", 1)[-1]).ratio() > 0.7][:3]
+    hint = f"; did you mean {', '.join(near)}?" if near else ""
+    return ConfigError(key, f"unknown key{hint}")
+
+
+def _deep_update(base: dict, new: Mapping) -> dict:
+    for k, v in new.items():
+        if isinstance(v, Mapping) and isinstance(base.get(k), dict) and k in SECTIONS:
+            base[k] = _deep_update(dict(base[k]), v)
+        else:
+            base[k] = v
+    return base
+
+
+def _load_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict:
+    path = path.expanduser().resolve()
+    if path in seen:
+        raise ConfigError("base", f"circular inheritance through {path}")
+    if not path.is_file():
+        raise ConfigError("base" if seen else "CONFIG", f"file not found: {path}")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError("CONFIG", f"{path} is not valid YAML ({exc.__class__.__name__})") from None
+    if not isinstance(raw, dict):
+        raise ConfigError("CONFIG", f"{path} must hold a mapping of sections")
+    bases = raw.pop("base", None)
+    merged: dict = {}
+    for b in [bases] if isinstance(bases, str) else (bases or []):
+        merged = _deep_update(merged, _load_yaml(path.parent / b, seen + (path,)))
+    return _deep_update(merged, raw)
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """Split ``section.key=value``; the value is parsed as YAML (``1e-3``, ``[en, de]``, ``null``)."""
+    if "=" not in text:
+        raise ConfigError(text, "overrides are written key=value, e.g. privacy.alpha=0.1")
+    key, value = text.split("=", 1)
+    try:
+        parsed = yaml.safe_load(value) if value != "" else ""
+    except yaml.YAMLError:
+        parsed = value
+    return key.strip(), parsed
+
+
+def build_config(tree: Mapping[str, Any]) -> Config:
+    """Validate a nested mapping ``{section: {field: value}}`` into a :class:`Config`."""
+    sections = {}
+    for name, values in tree.items():
+        if name not in SECTIONS:
+            raise _unknown(str(name))
+        if values is None:
+            values = {}
+        if not isinstance(values, Mapping):
+            raise ConfigError(name, "must be a mapping of keys")
+        cls = SECTIONS[name]
+        allowed = {f.name for f in fields(cls)}
+        for k in values:
+            if k not in allowed:
+                raise _unknown(f"{name}.{k}")
+        kwargs = {k: (tuple(v) if isinstance(v, list) else v) for k, v in values.items()}
+        try:
+            sections[name] = cls(**kwargs)
+        except TypeError as exc:  # should not happen after the key check; keep it readable
+            raise ConfigError(name, str(exc)) from None
+    return Config(**sections)
+
+
+def load_config(path: str | Path | None, overrides: Iterable[str] = ()) -> Config:
+    """Load a YAML preset (or the defaults when ``path`` is None) and apply ``key=value`` overrides."""
+    tree = _load_yaml(Path(path)) if path is not None else {}
+    for text in overrides:
+        key, value = parse_override(text)
+        parts = key.split(".")
+        if len(parts) != 2 or parts[0] not in SECTIONS:
+            raise _unknown(key)
+        tree.setdefault(parts[0], {})
+        if tree[parts[0]] is None:
+            tree[parts[0]] = {}
+        tree[parts[0]] = dict(tree[parts[0]])
+        tree[parts[0]][parts[1]] = value
+    return build_config(tree)
+
+
+def to_dict(cfg: Config) -> dict:
+    """Plain nested dict of a config (tuples as lists), suitable for YAML/JSON."""
+    def plain(x: Any) -> Any:
+        if isinstance(x, (tuple, list)):
+            return [plain(v) for v in x]
+        if isinstance(x, Mapping):
+            return {k: plain(v) for k, v in x.items()}
+        return x
+    return {name: plain(dataclasses.asdict(getattr(cfg, name))) for name in SECTIONS}
+
+
+def dump_config(cfg: Config) -> str:
+    """The resolved config as YAML (what ``dump-config`` prints and every run stores)."""
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False, allow_unicode=True)
+
+
+def replace(cfg: Config, changes: Mapping[str, Any]) -> Config:
+    """Copy of ``cfg`` with dotted-key changes, e.g. ``replace(cfg, {"fl.rounds": 2})``."""
+    tree = to_dict(cfg)
+    for key, value in changes.items():
+        parts = key.split(".")
+        if len(parts) != 2 or parts[0] not in SECTIONS:
+            raise _unknown(key)
+        tree[parts[0]][parts[1]] = value
+    return build_config(tree)
