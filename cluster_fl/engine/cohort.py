@@ -1,0 +1,62 @@
+"""Who trains in a round, and on which rank.
+
+The cohort is sampled from (seed, round) alone, and the shard assignment is a pure function of the
+cohort and the clients' data sizes, so every rank computes the same cohort and the same split
+without talking to the others. The aggregation denominator is public: the cohort size for fixed
+sampling and the expected size q·N for Poisson sampling -- never the realised count.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from cluster_fl.seeding import generator
+
+
+def sampling_rate(clients_per_round: int, population: int) -> float:
+    """q = expected cohort size / population (capped at 1)."""
+    if population < 1:
+        raise ValueError("population must be >= 1")
+    return min(1.0, clients_per_round / population)
+
+
+def sample_cohort(seed: int, round_: int, population: int, clients_per_round: int,
+                  sampling: str) -> list[int]:
+    """Client indices (sorted) that take part in ``round_``.
+
+    ``poisson``: each client independently with q = clients_per_round / population.
+    ``fixed``: exactly min(clients_per_round, population) clients without replacement.
+    """
+    g = generator(seed, "cohort", round_)
+    if sampling == "poisson":
+        q = sampling_rate(clients_per_round, population)
+        picked = torch.rand(population, generator=g, dtype=torch.float64) < q
+        return picked.nonzero().flatten().tolist()
+    if sampling == "fixed":
+        k = min(clients_per_round, population)
+        return sorted(torch.randperm(population, generator=g)[:k].tolist())
+    raise ValueError(f"unknown sampling {sampling!r}")
+
+
+def denominator(clients_per_round: int, population: int, sampling: str) -> float:
+    """The public divisor of the noised sum (independent of who was sampled)."""
+    if sampling == "fixed":
+        return float(min(clients_per_round, population))
+    return sampling_rate(clients_per_round, population) * population
+
+
+def shard(cohort: Sequence[int], sizes: Sequence[int], world_size: int) -> list[list[int]]:
+    """Split ``cohort`` over ranks balancing total data size (greedy longest-first).
+
+    Deterministic: ties broken by client index and then by rank. Returns one list per rank, each
+    in increasing client order (the order does not change the exact secure sum anyway).
+    """
+    loads = [0] * world_size
+    shards: list[list[int]] = [[] for _ in range(world_size)]
+    for client in sorted(cohort, key=lambda c: (-sizes[c], c)):
+        rank = min(range(world_size), key=lambda r: (loads[r], r))
+        shards[rank].append(client)
+        loads[rank] += max(1, sizes[client])
+    return [sorted(s) for s in shards]

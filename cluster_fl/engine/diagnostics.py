@@ -1,0 +1,125 @@
+"""Per-round diagnostics, treated as what they are: statistics of clients' private updates.
+
+Each trained client contributes one diagnostic vector (loss, pre-clip norms, clip flags, retained
+ratios per pool, counters). The vectors are summed with the secure sum like the updates. With
+``privacy.diagnostics: noised`` every entry is bounded to [0, 1] (norms as fractions of C, loss
+as a fraction of ``LOSS_SCALE``), so one client's vector has L2 norm ≤ √D; rank 0 adds
+N(0, (m·√D)²) once and the release is composed in the accountant. ``exact`` keeps exact values
+and per-group norms for research figures -- the run then records its guarantee as void.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import torch
+
+from cluster_fl.config import PrivacyConfig
+from cluster_fl.groups import GroupSpec
+
+LOSS_SCALE = 10.0  # noised mode reports min(loss / 10, 1)
+EXACT_BOUND = 1e4  # exact mode: entries are clamped to [-1e4, 1e4] for the fixed-point sum
+
+
+@dataclass
+class Measured:
+    """Norms of an unclipped update (non-private runs), shaped like a policy's clip result."""
+
+    update: dict[str, torch.Tensor]
+    group_norms: dict[str, float]
+    pool_norms: dict[str, float]
+    pool_clipped: dict[str, bool] = field(default_factory=dict)
+    pool_retained: dict[str, float] = field(default_factory=dict)
+    total_norm: float = 0.0
+    nonfinite: bool = False
+
+
+class Diagnostics:
+    """Layout, bounding, noise scale and decoding of the diagnostic vector."""
+
+    def __init__(self, groups: Sequence[GroupSpec], policy: Any, privacy: PrivacyConfig):
+        self.groups = list(groups)
+        self.private = privacy.mechanism == "gaussian"
+        self.exact = privacy.diagnostics == "exact" or not self.private
+        self.clip_norm = privacy.clip_norm
+        self.pools = [p.name for p in policy.pools] if self.private else ["all"]
+        self.pool_of = {}
+        if self.private:
+            for p in policy.pools:
+                for g in p.groups:
+                    self.pool_of[getattr(g, "name", g)] = p.name
+        else:
+            self.pool_of = {g.name: "all" for g in self.groups}
+        self.head = ["trained", "skipped", "nonfinite", "loss", "total_norm", "any_clipped"]
+        self.per_pool = ["clipped", "retained", "norm"]
+        self.names = list(self.head)
+        for p in self.pools:
+            self.names += [f"{k}/{p}" for k in self.per_pool]
+        if self.exact:
+            self.names += [f"norm/{g.name}" for g in self.groups]
+        self.size = len(self.names)
+        self.noise_std = (privacy.diagnostics_noise_multiplier * math.sqrt(self.size)
+                          if self.private and not self.exact else 0.0)
+        self.sensitivity = math.sqrt(self.size)
+        self.bound = EXACT_BOUND if self.exact else 1.0
+
+    def _bound(self, x: float, scale: float) -> float:
+        if not math.isfinite(x):  # a non-finite client is counted by its flag, not its norm
+            return 0.0
+        return min(x, EXACT_BOUND) if self.exact else min(max(x / scale, 0.0), 1.0)
+
+    def skipped(self) -> torch.Tensor:
+        v = torch.zeros(self.size, dtype=torch.float64)
+        v[1] = 1.0
+        return v
+
+    def measure(self, delta: Mapping[str, torch.Tensor]) -> Measured:
+        """Norms of an update that is not clipped (mechanism ``none``); non-finite → zero."""
+        norms = {k: float(v.double().norm()) for k, v in delta.items()}
+        total = math.sqrt(sum(n * n for n in norms.values()))
+        if not math.isfinite(total):
+            zero = {k: torch.zeros_like(v) for k, v in delta.items()}
+            return Measured(zero, norms, {"all": total}, total_norm=total, nonfinite=True)
+        return Measured(dict(delta), norms, {"all": total}, {"all": False}, {"all": 1.0}, total)
+
+    def client_vector(self, res: Any, loss: float) -> torch.Tensor:
+        v = [1.0, 0.0, float(bool(res.nonfinite)), self._bound(loss, LOSS_SCALE),
+             self._bound(float(res.total_norm), self.clip_norm),
+             float(any(bool(res.pool_clipped.get(p, False)) for p in self.pools))]
+        for p in self.pools:
+            retained = float(res.pool_retained.get(p, 1.0))
+            v += [float(bool(res.pool_clipped.get(p, False))),
+                  retained if math.isfinite(retained) else 0.0,
+                  self._bound(float(res.pool_norms.get(p, 0.0)), self.clip_norm)]
+        if self.exact:
+            v += [self._bound(float(res.group_norms.get(g.name, 0.0)), 1.0) for g in self.groups]
+        out = torch.tensor(v, dtype=torch.float64)
+        if not self.exact:  # belt and braces: the bound the accountant assumes
+            out = out.clamp(0.0, 1.0)
+        return out
+
+    def row(self, total: torch.Tensor, thresholds: Mapping[str, float], n_cohort: int) -> dict:
+        """Decode a (noised) summed vector into a metrics row of means."""
+        s = dict(zip(self.names, total.tolist()))
+        trained = s["trained"] if self.exact else max(float(n_cohort), 1.0)
+        div = max(trained, 1.0)
+        row: dict[str, Any] = {
+            "n_clients": s["trained"], "n_skipped": s["skipped"], "n_nonfinite": s["nonfinite"],
+            "loss": s["loss"] / div * (1 if self.exact else LOSS_SCALE),
+            "total_norm": s["total_norm"] / div * (1 if self.exact else self.clip_norm),
+            "clip_rate": s["any_clipped"] / div,
+            "diagnostics": "exact" if self.exact else "noised",
+            "diag_noise_std": self.noise_std / div,
+        }
+        for p in self.pools:
+            row[f"clip_rate/{p}"] = s[f"clipped/{p}"] / div
+            row[f"retained/{p}"] = s[f"retained/{p}"] / div
+            row[f"mean_norm/{p}"] = s[f"norm/{p}"] / div * (1 if self.exact else self.clip_norm)
+        if self.exact:
+            for g in self.groups:
+                row[f"norm/{g.name}"] = s[f"norm/{g.name}"] / div
+        for name, c in thresholds.items():
+            row[f"threshold/{name}"] = float(c)
+        return row

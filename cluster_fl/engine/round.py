@@ -1,0 +1,180 @@
+"""One federated round, distributed: cohort → local training → clip → secure sum → noise once → apply.
+
+Every rank runs :meth:`RoundEngine.run_round` with the same global state. A rank trains its shard
+of the cohort one client at a time, clips each update with the run's policy and adds it to a
+streaming fixed-point sum (memory does not grow with the cohort). One secure-sum all-reduce
+releases the exact sum of the clipped updates, of the adaptive-clipping statistics and of the
+diagnostic vectors; rank 0 alone draws the Gaussian noise and broadcasts the noised values, which
+every rank then applies identically. Privacy code never sees ranks; this file never clips.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import torch
+
+from cluster_fl.config import Config
+from cluster_fl.engine import cohort as cohort_mod
+from cluster_fl.engine.client import ClientRunner, ClientUpdate
+from cluster_fl.engine.diagnostics import Diagnostics
+from cluster_fl.engine.server import ServerOptimizer
+from cluster_fl.groups import GroupSpec
+from cluster_fl.secure_sum import SecureSummer, mask_mode
+
+# largest coordinate of an unclipped (non-private) update the fixed-point sum accepts
+NONPRIVATE_BOUND = 1e3
+
+
+@dataclass
+class ClientData:
+    """One federated client: a speaker's utterances (features + transcripts) and metadata."""
+
+    index: int
+    client_id: str
+    speaker: str
+    language: str
+    utterances: Sequence[object]
+
+    @property
+    def size(self) -> int:
+        return len(self.utterances)
+
+
+@dataclass
+class RoundOutput:
+    """What a round hands back: the new global state and its metrics row."""
+
+    state: dict[str, torch.Tensor]
+    row: dict[str, Any] = field(default_factory=dict)
+
+
+class RoundEngine:
+    """Runs rounds on one rank. Holds no client data beyond the current client."""
+
+    def __init__(self, cfg: Config, comm: Any, runner: ClientRunner, groups: Sequence[GroupSpec],
+                 clients: Sequence[ClientData], policy: Any, noise: Any,
+                 server: ServerOptimizer, recorder: Any = None):
+        self.cfg = cfg
+        self.comm = comm
+        self.runner = runner
+        self.groups = list(groups)
+        self.clients = list(clients)
+        self.policy = policy
+        self.noise = noise
+        self.private = cfg.privacy.mechanism == "gaussian"
+        self.diag = Diagnostics(self.groups, policy, cfg.privacy)
+        self.summer = self._make_summer()  # streaming fixed-point sum; reset by every reduce
+        self.server = server
+        self.recorder = recorder
+
+    def _make_summer(self) -> SecureSummer:
+        """One buffer for the update groups, the adaptive statistic, diagnostics and weights."""
+        cfg = self.cfg
+        c = cfg.privacy.clip_norm if self.private else NONPRIVATE_BOUND
+        shapes: dict[str, Any] = {g.name: (g.shape or (g.numel,)) for g in self.groups}
+        bounds: dict[str, float] = {g.name: c for g in self.groups}
+        stat = self.policy.statistic_size if self.private else 0
+        if stat:
+            shapes["stat"], bounds["stat"] = stat, float(self.policy.statistic_sensitivity)
+        shapes["diag"], bounds["diag"] = self.diag.size, self.diag.bound
+        shapes["weight"], bounds["weight"] = 1, 1.0
+        mode = mask_mode(cfg.aggregation.secure_sum, cfg.privacy.secure_mode)
+        return SecureSummer(shapes, frac_bits=cfg.aggregation.fixed_point_bits,
+                            max_clients=max(1, len(self.clients)), bounds=bounds, mode=mode,
+                            seed=cfg.run.seed)
+
+    @property
+    def population(self) -> int:
+        return len(self.clients)
+
+    def cohort(self, round_: int) -> tuple[list[int], list[int]]:
+        """(whole cohort, this rank's shard)."""
+        fl = self.cfg.fl
+        members = cohort_mod.sample_cohort(self.cfg.run.seed, round_, self.population,
+                                           fl.clients_per_round, fl.sampling)
+        shards = cohort_mod.shard(members, [c.size for c in self.clients], self.comm.world_size)
+        return members, shards[self.comm.rank]
+
+    def _weight(self, n_samples: int) -> float:
+        agg = self.cfg.aggregation
+        if agg.weighting == "samples":
+            return min(n_samples, agg.weight_cap) / agg.weight_cap
+        return 1.0
+
+    def run_round(self, round_: int, state: Mapping[str, torch.Tensor]) -> RoundOutput:
+        t0 = time.perf_counter()
+        members, mine = self.cohort(round_)
+        thresholds = self.policy.thresholds() if self.private else {}
+        summer = self.summer
+        stat_size = self.policy.statistic_size if self.private else 0
+        for index in mine:
+            client = self.clients[index]
+            if client.size == 0:  # no usable audio: skipped, counted
+                summer.add({"diag": self.diag.skipped()})
+                continue
+            upd: ClientUpdate = self.runner.train(index, client.utterances, state, round_)
+            res = self.policy.clip(upd.delta) if self.private else self.diag.measure(upd.delta)
+            w = 0.0 if res.nonfinite else self._weight(upd.n_samples)
+            values = {k: (v * w if w != 1.0 else v) for k, v in res.update.items()}
+            if stat_size:
+                values["stat"] = self.policy.statistic(res).to(torch.float64)
+            values["diag"] = self.diag.client_vector(res, upd.loss)
+            values["weight"] = torch.tensor([w], dtype=torch.float64)
+            summer.add(values)
+            if self.recorder is not None:
+                self.recorder.upload(round_, client, res, upd)
+            del upd, res, values
+        record = self.recorder is not None
+        total = summer.reduce(self.comm, round_, record=record)
+        if record:
+            self.recorder.partial(round_, self.comm.rank, summer)
+
+        denom = cohort_mod.denominator(self.cfg.fl.clients_per_round, self.population,
+                                       self.cfg.fl.sampling)
+        noised = self._noise_once(round_, total)
+        if not self.private:  # plain FedAvg: average over the clients that contributed
+            denom = max(float(total["weight"].item()), 1e-12)
+        mean = {g.name: noised[g.name] / denom for g in self.groups}
+        new_state = self.server.step(state, mean)
+        if stat_size:
+            self.policy.update(noised["stat"], denom)
+        if self.recorder is not None:
+            self.recorder.release(round_, mean, denom)
+        row = self.diag.row(noised["diag"], thresholds, len(members))
+        row.update(round=round_, n_cohort=len(members), denominator=denom,
+                   wall_s=time.perf_counter() - t0)
+        return RoundOutput(state=new_state, row=row)
+
+    def _noise_stds(self, total: Mapping[str, torch.Tensor]) -> dict[str, float]:
+        """Std of the Gaussian noise each summed field gets (0 = released exactly)."""
+        p = self.cfg.privacy
+        stds = {name: 0.0 for name in total}
+        if self.private:
+            for g in self.groups:
+                stds[g.name] = p.noise_multiplier * p.clip_norm
+            if "stat" in total:
+                stds["stat"] = self.policy.statistic_noise_std
+        stds["diag"] = self.diag.noise_std
+        return stds
+
+    def _noise_once(self, round_: int, total: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Rank 0 adds the Gaussian noise to the exact sums; every rank receives the result."""
+        names = list(total)
+        if self.comm.rank == 0:
+            stds = self._noise_stds(total)
+            noised = [self.noise.add_noise(total[n].to(torch.float64), stds[n], round=round_,
+                                           stream=f"{n}").to(torch.float64)
+                      if stds[n] > 0 else total[n].to(torch.float64) for n in names]
+            flat = torch.cat([t.reshape(-1) for t in noised])
+        else:
+            flat = torch.empty(sum(total[n].numel() for n in names), dtype=torch.float64)
+        flat = self.comm.broadcast(flat.contiguous(), src=0)
+        out, offset = {}, 0
+        for n in names:
+            k = total[n].numel()
+            out[n] = flat[offset:offset + k].reshape(total[n].shape)
+            offset += k
+        return out

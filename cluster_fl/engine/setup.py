@@ -1,0 +1,184 @@
+"""Assemble everything a run needs on one rank: data, model, policy, noise, ledger, round engine.
+
+This is the only place where models, data, privacy and the process boundary meet; each of them
+stays ignorant of the others.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+
+from cluster_fl.config import Config, to_dict
+from cluster_fl.engine.client import ClientRunner
+from cluster_fl.engine.cohort import sampling_rate
+from cluster_fl.engine.recorder import ChannelRecorder
+from cluster_fl.engine.round import ClientData, RoundEngine
+from cluster_fl.engine.ledger import RunLedger
+from cluster_fl.engine.rundir import run_dir, run_id
+from cluster_fl.engine.server import ServerOptimizer
+from cluster_fl.errors import UserError
+
+
+def set_threads(cfg: Config, comm: Any) -> None:
+    """torch intra-op threads: ``run.threads`` or the cores shared evenly by local ranks."""
+    n = cfg.run.threads or max(1, (os.cpu_count() or 1) // max(1, comm.local_world_size))
+    torch.set_num_threads(n)
+
+
+class LazyExamples(Sequence):
+    """A client's examples, loaded from the feature cache only while the client trains."""
+
+    def __init__(self, store: Any, client: Any):
+        self.store, self.client = store, client
+
+    def __len__(self) -> int:
+        return len(self.client.utterances)
+
+    def __getitem__(self, i):  # pragma: no cover - the runner asks for load() instead
+        return self.load()[i]
+
+    def load(self) -> list:
+        return self.store.client(self.client)
+
+
+def make_batches(examples: Sequence[Any], batch_size: int, g: torch.Generator) -> Iterator[dict]:
+    """One shuffled pass over a client's examples as padded batches."""
+    from cluster_fl.data import collate
+
+    items = examples.load() if isinstance(examples, LazyExamples) else list(examples)
+    order = torch.randperm(len(items), generator=g).tolist()
+    for start in range(0, len(order), batch_size):
+        chunk = [items[i] for i in order[start:start + batch_size]]
+        b = collate(chunk)
+        yield {"features": b["features"], "lengths": b["lengths"],
+               "texts": b["transcripts"], "languages": b["languages"]}
+
+
+@dataclass
+class World:
+    """Everything built for a run on this rank."""
+
+    cfg: Config
+    model: Any
+    groups: list
+    initial_state: dict
+    policy: Any
+    ledger: Any
+    server: ServerOptimizer
+    engine: RoundEngine
+    eval_examples: list
+    population: int
+
+    def policy_state(self) -> dict:
+        return self.policy.state_dict() if self.policy is not None else {}
+
+    def policy_load(self, state: dict) -> None:
+        if self.policy is not None:
+            self.policy.load_state_dict(state)
+
+    def groups_json(self) -> list[dict]:
+        if self.policy is not None:
+            return self.policy.group_table()
+        return [{"name": g.name, "component": g.component, "numel": g.numel, "pool": "all",
+                 "threshold": None} for g in self.groups]
+
+    def evaluate(self, state: dict) -> tuple[dict, list[dict]]:
+        from cluster_fl.eval import evaluate
+        from cluster_fl.models import set_trainable
+
+        set_trainable(self.model, state)
+        e = self.cfg.eval
+        return evaluate(self.model, self.eval_examples, batch_size=e.batch_size,
+                        max_new_tokens=e.max_new_tokens, bootstrap=e.bootstrap,
+                        seed=self.cfg.run.seed)
+
+    def progress_line(self, r: int, rounds: int, row: dict) -> str:
+        eps = row.get("epsilon")
+        eps_s = "inf" if eps is None or not math.isfinite(eps) else f"{eps:.3g}"
+        return (f"round {r}/{rounds}: loss {row.get('loss', float('nan')):.3f}, "
+                f"clients {row.get('n_cohort')}, clip rate {row.get('clip_rate', 0):.2f}, "
+                f"eps {eps_s}, {row.get('wall_s', 0):.1f}s")
+
+    def final_row(self, summary: dict, wall_s: float, commit: str) -> dict:
+        cfg = self.cfg
+        p = cfg.privacy
+        row = {"run_id": run_id(cfg), "experiment": cfg.run.experiment, "arch": cfg.model.arch,
+               "freeze_encoder": cfg.model.freeze_encoder,
+               "method": "none" if p.mechanism == "none" else p.clipping,
+               "alpha": p.alpha, "seed": cfg.run.seed,
+               "noise_multiplier": p.noise_multiplier if p.mechanism != "none" else 0.0,
+               "clip_norm": p.clip_norm, "epsilon": self.ledger.epsilon(), "delta": p.delta,
+               "guarantee": self.ledger.to_json().get("guarantee"),
+               "rounds": cfg.fl.rounds, "population": self.population, "wall_s": wall_s,
+               "git_commit": commit, "config_json": json.dumps(to_dict(cfg), sort_keys=True)}
+        if self.policy is not None and p.mechanism != "none":
+            for pool in self.ledger.pool_sigmas():
+                row[f"sigma/{pool['name']}"] = pool["effective_noise_multiplier"]
+        row.update(summary)
+        return row
+
+
+def load_clients(cfg: Config) -> tuple[Any, list[ClientData], list]:
+    """Feature store, federated clients (lazy features) and the evaluation examples."""
+    from cluster_fl.data import FeatureStore, load_utterances, partition_clients
+
+    d = cfg.data
+    root = os.path.expanduser(d.corpus)
+    if not os.path.isdir(root):
+        raise UserError(f"data.corpus: no corpus at {root} (build one with `cluster-fl "
+                        "make-corpus DIR` or point data.corpus at an MLS folder)")
+    store = FeatureStore.from_config(d)
+    utts = load_utterances(root, languages=list(d.languages), splits=[d.client_split])
+    clients = partition_clients(utts, max_clients=d.max_clients,
+                                max_utterances_per_client=d.max_utterances_per_client)
+    if not clients:
+        raise UserError(f"data: no clients in split {d.client_split!r} for languages "
+                        f"{','.join(d.languages)} under {root}")
+    out = [ClientData(index=c.index, client_id=c.client_id, speaker=c.speaker,
+                      language=c.language, utterances=LazyExamples(store, c)) for c in clients]
+    eval_examples = store.split(d.eval_split, languages=list(d.languages),
+                                max_utterances=cfg.eval.max_utterances)
+    return store, out, eval_examples
+
+
+def build_world(cfg: Config, comm: Any, log: Callable[[str], None]) -> World:
+    from cluster_fl.models import build_model, get_trainable, trainable_groups
+    from cluster_fl.models.lora import _trainable_params
+    from cluster_fl.privacy import PrivacyLedger, make_policy, noise_for
+
+    _, clients, eval_examples = load_clients(cfg)
+    model = build_model(cfg.model)
+    groups = trainable_groups(model)
+    params = dict(_trainable_params(model))
+    state = get_trainable(model)
+    private = cfg.privacy.mechanism == "gaussian"
+    policy = make_policy(cfg.privacy, groups) if private else None
+    population = len(clients)
+    if cfg.fl.clients_per_round > population:
+        raise UserError(f"fl.clients_per_round ({cfg.fl.clients_per_round}) exceeds the number "
+                        f"of clients ({population})")
+    q = sampling_rate(cfg.fl.clients_per_round, population)
+    runner = ClientRunner(model, params, groups, cfg.fl, cfg.client, make_batches, cfg.run.seed)
+    noise = noise_for(cfg.privacy, cfg.run.seed)
+    server = ServerOptimizer(cfg.aggregation)
+    recorder = ChannelRecorder(run_dir(cfg), comm.rank) if cfg.audit.record_channels else None
+    engine = RoundEngine(cfg, comm, runner, groups, clients, policy, noise, server, recorder)
+    ledger = RunLedger(PrivacyLedger(cfg.privacy, sampling_rate=q, sampling=cfg.fl.sampling,
+                                     population=population,
+                                     cohort_size=cfg.fl.clients_per_round),
+                       policy, engine.diag)
+    if comm.rank == 0:
+        log(f"{population} clients, q={q:.3f}, {len(groups)} trainable groups "
+            f"({sum(g.numel for g in groups):,} parameters), {comm.world_size} rank(s), "
+            + (f"DP {cfg.privacy.clipping} C={cfg.privacy.clip_norm} "
+               f"sigma={cfg.privacy.noise_multiplier}" if private else "NON-PRIVATE FedAvg"))
+    return World(cfg, model, groups, state, policy, ledger, server, engine, eval_examples,
+                 population)
+
+
