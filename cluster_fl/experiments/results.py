@@ -1,0 +1,136 @@
+"""Reading finished run folders (the engine's documented format) for ``table`` and ``plot``.
+
+A run folder is found by its ``final.parquet``; every other file is read on demand, so tables of a
+large grid do not load per-utterance rows they do not need. Labels shared by tables and figures
+(condition names, method labels and their order) live here so both say the same thing.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Iterable
+
+import pyarrow.parquet as pq
+
+from cluster_fl.errors import UserError
+
+# Column order of the paper's tables: the non-private ceiling, flat, the six single-pool methods,
+# then the component-aware ones.
+METHOD_ORDER = ("fedavg", "flat", "uniform", "size", "uniform-ema", "size-ema", "quantile", "probe",
+                "alpha-split", "pools")
+
+
+@dataclass
+class Run:
+    """One finished run: its folder and its ``final.parquet`` row."""
+
+    folder: Path
+    final: dict[str, Any] = field(repr=False)
+
+    @property
+    def arch(self) -> str:
+        return str(self.final.get("arch", "?"))
+
+    @property
+    def condition(self) -> str:
+        """``frozen`` or ``unfrozen`` (the paper's ``-e`` suffix) encoder."""
+        return "frozen" if bool(self.final.get("freeze_encoder")) else "unfrozen"
+
+    @property
+    def method(self) -> str:
+        """Method label: ``fedavg`` for no privacy, ``alpha-split α=0.05`` for split methods."""
+        method = str(self.final.get("method", "?"))
+        if method == "none":
+            return "fedavg"
+        if method == "alpha-split":
+            return f"alpha-split α={float(self.final.get('alpha', float('nan'))):g}"
+        return method
+
+    @property
+    def seed(self) -> int:
+        return int(self.final.get("seed", 0))
+
+    @property
+    def wer(self) -> float:
+        return float(self.final.get("wer", float("nan")))
+
+    @property
+    def sigmas(self) -> dict[str, float]:
+        """Effective noise multiplier per pool (``sigma/<pool>`` columns)."""
+        return {k.split("/", 1)[1]: float(v) for k, v in self.final.items()
+                if k.startswith("sigma/") and v is not None}
+
+    @cached_property
+    def eval_rows(self) -> list[dict[str, Any]] | None:
+        """Per-utterance evaluation rows, or None when the run has no ``eval.parquet``."""
+        path = self.folder / "eval.parquet"
+        if not path.is_file():
+            return None
+        return pq.read_table(path, columns=["speaker", "word_errors", "ref_words"]).to_pylist()
+
+    @cached_property
+    def rounds(self) -> list[dict[str, Any]]:
+        """Per-round metrics rows (empty when the run has no ``rounds.parquet``)."""
+        path = self.folder / "rounds.parquet"
+        return pq.read_table(path).to_pylist() if path.is_file() else []
+
+    @cached_property
+    def groups(self) -> list[dict[str, Any]]:
+        """``groups.json``: [{name, component, numel, pool, threshold}] (empty when absent)."""
+        path = self.folder / "groups.json"
+        return json.loads(path.read_text()) if path.is_file() else []
+
+    @cached_property
+    def config(self) -> dict[str, Any]:
+        """The resolved config (from ``config_json`` in final.parquet), possibly empty."""
+        try:
+            return json.loads(self.final.get("config_json") or "{}")
+        except ValueError:
+            return {}
+
+    def setting(self, section: str, key: str, default: Any) -> Any:
+        """A config value of this run, falling back to the final row, then ``default``."""
+        value = self.config.get(section, {}).get(key)
+        if value is None:
+            value = self.final.get({"noise_multiplier": "noise_multiplier",
+                                    "clip_norm": "clip_norm"}.get(key, "\0"))
+        return default if value is None else value
+
+
+def find_runs(paths: Iterable[str | Path]) -> list[Run]:
+    """Every run folder (a folder holding ``final.parquet``) under the given paths."""
+    runs: list[Run] = []
+    seen: set[Path] = set()
+    for p in paths:
+        root = Path(p).expanduser()
+        if not root.exists():
+            raise UserError(f"results path not found: {root}")
+        files = [root] if root.is_file() else sorted(root.rglob("final.parquet"))
+        for f in files:
+            folder = f.parent.resolve()
+            if folder in seen:
+                continue
+            seen.add(folder)
+            rows = pq.read_table(f).to_pylist()
+            if rows:
+                runs.append(Run(folder=folder, final=rows[0]))
+    return runs
+
+
+def method_key(label: str) -> tuple[int, str]:
+    """Sort key putting methods in the paper's column order (unknown ones last, by name)."""
+    base = label.split(" ", 1)[0]
+    return (METHOD_ORDER.index(base) if base in METHOD_ORDER else len(METHOD_ORDER), label)
+
+
+def fmt(x: float, digits: int = 4) -> str:
+    """A number for a table cell: NaN as an em dash, infinity as ∞."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "—"
+    if math.isinf(x):
+        return "∞"
+    return f"{x:.{digits}f}"

@@ -1,0 +1,212 @@
+"""``cluster-fl table RESULTS...``: the paper's tables from run folders.
+
+Layout: rows architecture x condition (frozen / unfrozen encoder), columns methods. A cell is the
+WER mean ± sample std (ddof = 1) over seeds, with a 95% CI from a percentile bootstrap clustered
+by speaker and pooled over seeds: one resample draws, independently for every seed's run, that
+run's evaluated speakers with replacement, computes the run's WER (Σ word errors / Σ reference
+words over the drawn speakers' utterances), and averages over seeds -- the same statistic as the
+cell's mean, so the CI is the uncertainty of that mean given the test speakers. A second table lists
+ε, δ and the per-pool effective noise multipliers σ_k = σ/√α_k.
+
+Formats: ``md`` (both tables), ``latex`` (both, booktabs), ``csv`` (tidy: one row per cell with
+every statistic as its own column, for further analysis).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from cluster_fl.errors import UserError
+from cluster_fl.experiments.results import Run, find_runs, fmt, method_key
+
+BOOTSTRAP = 2000
+
+
+@dataclass
+class Cell:
+    """Statistics of one (arch, condition, method) over its seeds."""
+
+    arch: str
+    condition: str
+    method: str
+    runs: list[Run]
+    mean: float
+    std: float
+    ci_low: float
+    ci_high: float
+    epsilon: float
+    delta: float
+    sigmas: dict[str, float]
+
+    @property
+    def n(self) -> int:
+        return len(self.runs)
+
+
+def speaker_sums(rows: Sequence[dict]) -> tuple[np.ndarray, np.ndarray]:
+    """Per-speaker (word errors, reference words) of one run's evaluation rows."""
+    errors: dict[str, float] = defaultdict(float)
+    words: dict[str, float] = defaultdict(float)
+    for r in rows:
+        errors[str(r["speaker"])] += float(r["word_errors"])
+        words[str(r["speaker"])] += float(r["ref_words"])
+    keys = sorted(errors)
+    return np.array([errors[k] for k in keys]), np.array([words[k] for k in keys])
+
+
+def clustered_bootstrap_ci(per_run_rows: Sequence[Sequence[dict]], resamples: int = BOOTSTRAP,
+                           seed: int = 0, level: float = 0.95) -> tuple[float, float]:
+    """Percentile CI of the seed-averaged WER, resampling speakers within each run's eval rows."""
+    rng = np.random.default_rng(seed)
+    stats = np.zeros(resamples)
+    used = 0
+    for rows in per_run_rows:
+        errors, words = speaker_sums(rows)
+        if len(errors) == 0:
+            continue
+        idx = rng.integers(0, len(errors), size=(resamples, len(errors)))
+        drawn_words = words[idx].sum(axis=1)
+        # a resample of speakers with no reference words has no WER; count it as 0 errors/0 words
+        stats += np.divide(errors[idx].sum(axis=1), drawn_words, out=np.zeros(resamples),
+                           where=drawn_words > 0)
+        used += 1
+    if used == 0:
+        return float("nan"), float("nan")
+    stats /= used
+    tail = (1 - level) / 2 * 100
+    low, high = np.percentile(stats, [tail, 100 - tail])
+    return float(low), float(high)
+
+
+def summarise(runs: Sequence[Run], resamples: int = BOOTSTRAP) -> list[Cell]:
+    """One :class:`Cell` per (arch, condition, method), sorted in the paper's order."""
+    groups: dict[tuple[str, str, str], list[Run]] = defaultdict(list)
+    for r in runs:
+        groups[(r.arch, r.condition, r.method)].append(r)
+    cells = []
+    for (arch, condition, method), rs in groups.items():
+        rs.sort(key=lambda r: r.seed)
+        wers = np.array([r.wer for r in rs], dtype=float)
+        evals = [r.eval_rows for r in rs if r.eval_rows]
+        low, high = clustered_bootstrap_ci(evals, resamples) if evals else (math.nan, math.nan)
+        pools = sorted({p for r in rs for p in r.sigmas})
+        cells.append(Cell(
+            arch=arch, condition=condition, method=method, runs=rs,
+            mean=float(wers.mean()), std=float(wers.std(ddof=1)) if len(rs) > 1 else math.nan,
+            ci_low=low, ci_high=high,
+            epsilon=float(np.mean([float(r.final.get("epsilon", math.nan)) for r in rs])),
+            delta=float(rs[0].final.get("delta", math.nan)),
+            sigmas={p: float(np.mean([r.sigmas[p] for r in rs if p in r.sigmas])) for p in pools}))
+    cells.sort(key=lambda c: (c.arch, c.condition != "frozen", method_key(c.method)))
+    return cells
+
+
+def _layout(cells: Sequence[Cell]) -> tuple[list[tuple[str, str]], list[str], dict]:
+    rows = list(dict.fromkeys((c.arch, c.condition) for c in cells))
+    methods = sorted({c.method for c in cells}, key=method_key)
+    return rows, methods, {(c.arch, c.condition, c.method): c for c in cells}
+
+
+def _cell_text(c: Cell | None, pm: str = "±") -> str:
+    if c is None:
+        return ""
+    text = fmt(c.mean) + (f" {pm} {fmt(c.std)}" if c.n > 1 else "")
+    if not math.isnan(c.ci_low):
+        text += f" [{fmt(c.ci_low, 3)}, {fmt(c.ci_high, 3)}]"
+    return text + f" (n={c.n})"
+
+
+def _pools(cells: Sequence[Cell]) -> list[str]:
+    return sorted({p for c in cells for p in c.sigmas})
+
+
+def to_markdown(cells: Sequence[Cell]) -> str:
+    """Both tables as GitHub markdown."""
+    rows, methods, index = _layout(cells)
+    out = ["WER: mean ± std over seeds [95% CI, speaker-clustered bootstrap pooled over seeds] (n seeds)",
+           "", "| arch | condition | " + " | ".join(methods) + " |",
+           "|---|---|" + "---|" * len(methods)]
+    for arch, cond in rows:
+        out.append(f"| {arch} | {cond} | "
+                   + " | ".join(_cell_text(index.get((arch, cond, m))) for m in methods) + " |")
+    pools = _pools(cells)
+    out += ["", "Privacy: ε at δ, effective noise multiplier σ per pool", "",
+            "| arch | condition | method | ε | δ | " + " | ".join(f"σ/{p}" for p in pools) + " |",
+            "|---|---|---|---|---|" + "---|" * len(pools)]
+    for c in cells:
+        out.append(f"| {c.arch} | {c.condition} | {c.method} | {fmt(c.epsilon, 3)} | {c.delta:g} | "
+                   + " | ".join(fmt(c.sigmas.get(p, math.nan)) for p in pools) + " |")
+    return "\n".join(out) + "\n"
+
+
+def _tex(s: str) -> str:
+    return (s.replace("\\", r"\textbackslash{}").replace("_", r"\_").replace("&", r"\&")
+            .replace("%", r"\%").replace("α", r"$\alpha$").replace("∞", r"$\infty$")
+            .replace("—", "--").replace("±", r"$\pm$"))
+
+
+def to_latex(cells: Sequence[Cell]) -> str:
+    """Both tables as LaTeX (booktabs)."""
+    rows, methods, index = _layout(cells)
+    out = [r"% WER: mean $\pm$ std over seeds [95% speaker-clustered bootstrap CI] (n seeds)",
+           r"\begin{tabular}{ll" + "c" * len(methods) + "}", r"\toprule",
+           "arch & condition & " + " & ".join(_tex(m) for m in methods) + r" \\", r"\midrule"]
+    for arch, cond in rows:
+        out.append(f"{_tex(arch)} & {cond} & "
+                   + " & ".join(_tex(_cell_text(index.get((arch, cond, m)))) for m in methods) + r" \\")
+    pools = _pools(cells)
+    out += [r"\bottomrule", r"\end{tabular}", "", r"\begin{tabular}{lll" + "c" * (2 + len(pools)) + "}",
+            r"\toprule", r"arch & condition & method & $\varepsilon$ & $\delta$ & "
+            + " & ".join(rf"$\sigma_{{\mathrm{{{_tex(p)}}}}}$" for p in pools) + r" \\", r"\midrule"]
+    for c in cells:
+        out.append(f"{_tex(c.arch)} & {c.condition} & {_tex(c.method)} & {_tex(fmt(c.epsilon, 3))} & "
+                   f"{c.delta:g} & " + " & ".join(_tex(fmt(c.sigmas.get(p, math.nan))) for p in pools)
+                   + r" \\")
+    out += [r"\bottomrule", r"\end{tabular}"]
+    return "\n".join(out) + "\n"
+
+
+def to_csv(cells: Sequence[Cell]) -> str:
+    """Tidy CSV: one row per (arch, condition, method) with every statistic as a column."""
+    pools = _pools(cells)
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(["arch", "condition", "method", "n_seeds", "seeds", "wer_mean", "wer_std",
+                "wer_ci_low", "wer_ci_high", "epsilon", "delta"] + [f"sigma/{p}" for p in pools])
+    for c in cells:
+        w.writerow([c.arch, c.condition, c.method, c.n, " ".join(str(r.seed) for r in c.runs),
+                    c.mean, c.std, c.ci_low, c.ci_high, c.epsilon, c.delta]
+                   + [c.sigmas.get(p, math.nan) for p in pools])
+    return buf.getvalue()
+
+
+FORMATS = {"md": to_markdown, "latex": to_latex, "csv": to_csv}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("results", nargs="+", help="results folders (searched for final.parquet)")
+    parser.add_argument("--format", choices=sorted(FORMATS), default="md")
+    parser.add_argument("--out", default=None, help="write to this file instead of stdout")
+    parser.add_argument("--bootstrap", type=int, default=BOOTSTRAP, help="bootstrap resamples")
+
+
+def run(args: argparse.Namespace) -> int:
+    runs = find_runs(args.results)
+    if not runs:
+        raise UserError(f"no run folders (final.parquet) under {' '.join(args.results)}")
+    text = FORMATS[args.format](summarise(runs, args.bootstrap))
+    if args.out:
+        Path(args.out).write_text(text)
+        print(f"wrote {args.out} ({len(runs)} runs)")
+    else:
+        print(text, end="")
+    return 0

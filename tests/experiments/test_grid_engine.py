@@ -1,0 +1,32 @@
+"""The tiny grid with the real engine (slow: trains real tiny models; needs the synthetic corpus)."""
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from cluster_fl.cli import main
+from cluster_fl.config import load_config
+from cluster_fl.experiments import grid as grid_mod
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_tiny_grid_2_cells_x_2_seeds_with_the_engine_and_table_prints_all_4_runs(tmp_path, capsys):
+    corpus = Path(load_config(None).data.corpus).expanduser()
+    if not corpus.is_dir():
+        pytest.skip(f"no synthetic corpus at {corpus} (run `cluster-fl demo` once)")
+    path = tmp_path / "grid.yaml"
+    path.write_text((REPO / "configs/grids/tiny.yaml").read_text()
+                    .replace("../arch/", str(REPO / "configs/arch") + "/")
+                    .replace("../method/", str(REPO / "configs/method") + "/")
+                    .replace("    - {name: fedavg", "    # - {name: fedavg")
+                    .replace("    - {name: size,", "    # - {name: size,"))
+    args = argparse.Namespace(grid=str(path), cluster="local", dry_run=False, wait=True,
+                              out=str(tmp_path / "results"), overrides=["fl.rounds=1"])
+    assert grid_mod.run(args) == 0
+    capsys.readouterr()
+    assert main(["table", str(tmp_path / "results"), "--format", "csv"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 3 and all(line.split(",")[3] == "2" for line in lines[1:])

@@ -1,0 +1,81 @@
+"""`cluster-fl table`: statistics against hand computations on crafted run folders."""
+
+import math
+
+import pytest
+
+from cluster_fl.cli import main
+from cluster_fl.experiments.results import find_runs
+from cluster_fl.experiments.table import clustered_bootstrap_ci, summarise
+from fakes import write_run
+
+
+def rows(spec):
+    """Eval rows from {speaker: (word_errors, ref_words)} (one utterance per speaker)."""
+    return [{"utt_id": f"{s}-0", "speaker": s, "language": "en", "ref": "", "hyp": "",
+             "word_errors": e, "ref_words": w, "char_errors": 0, "ref_chars": 1}
+            for s, (e, w) in spec.items()]
+
+
+def test_mean_and_std_over_seeds_match_hand_computation(tmp_path):
+    for seed, wer in enumerate([0.2, 0.3, 0.4]):
+        write_run(tmp_path / f"flat{seed}", method="flat", seed=seed, wer=wer)
+    write_run(tmp_path / "fedavg0", method="none", seed=0, wer=0.1)
+    cells = {c.method: c for c in summarise(find_runs([tmp_path]), resamples=200)}
+    assert cells["flat"].n == 3
+    assert cells["flat"].mean == pytest.approx(0.3)
+    assert cells["flat"].std == pytest.approx(0.1)  # sample std, ddof = 1
+    assert math.isnan(cells["fedavg"].std)  # one seed: no spread
+
+
+def test_clustered_bootstrap_ci_hits_the_speaker_extremes():
+    # speakers A (0 errors / 2 words) and B (2/2): resamples AA, AB, BA, BB have WER 0, .5, .5, 1;
+    # P(AA) = P(BB) = 1/4 > 2.5%, so the 95% percentile CI is exactly [0, 1].
+    low, high = clustered_bootstrap_ci([rows({"A": (0, 2), "B": (2, 2)})], resamples=4000)
+    assert (low, high) == (0.0, 1.0)
+
+
+def test_clustered_bootstrap_resamples_speakers_not_utterances():
+    # one speaker with all errors over many utterances: clustering keeps the CI degenerate only when
+    # the speaker set is fixed; two identical-WER speakers give a zero-width CI at that WER.
+    same = rows({"A": (1, 4), "B": (2, 8)})  # both WER 0.25
+    assert clustered_bootstrap_ci([same], resamples=500) == pytest.approx((0.25, 0.25))
+
+
+def test_ci_is_pooled_over_seeds_as_the_mean_of_per_seed_wers():
+    # seed 0: constant 0.2, seed 1: constant 0.4 -> every resample averages to 0.3
+    a, b = rows({"A": (1, 5), "B": (2, 10)}), rows({"C": (2, 5), "D": (4, 10)})
+    assert clustered_bootstrap_ci([a, b], resamples=300) == pytest.approx((0.3, 0.3))
+
+
+def test_table_layout_rows_arch_condition_columns_methods(tmp_path, capsys):
+    for arch in ("whisper-tinyllama", "voxtral"):
+        for frozen in (True, False):
+            for method in ("flat", "alpha-split"):
+                write_run(tmp_path / f"{arch}{frozen}{method}", arch=arch, freeze_encoder=frozen,
+                          method=method, pools=("encoder", "decoder"))
+    assert main(["table", str(tmp_path), "--bootstrap", "100"]) == 0
+    text = capsys.readouterr().out
+    header = next(line for line in text.splitlines() if line.startswith("| arch | condition | flat"))
+    assert "alpha-split α=0.05" in header
+    body = [line for line in text.splitlines() if line.startswith("| voxtral |")]
+    assert len(body) == 2 + 4  # 2 WER rows (frozen, unfrozen) + 4 privacy rows
+    assert "0.4472" in text  # sigma/encoder = 0.1 / sqrt(0.05)
+    assert "0.1026" in text  # sigma/decoder = 0.1 / sqrt(0.95)
+
+
+@pytest.mark.parametrize("fmt, marker", [("latex", r"\toprule"), ("csv", "wer_mean,wer_std")])
+def test_table_formats_and_out_file(tmp_path, fmt, marker):
+    write_run(tmp_path / "runs" / "a", seed=0, wer=0.25)
+    write_run(tmp_path / "runs" / "b", seed=1, wer=0.35)
+    out = tmp_path / f"table.{fmt}"
+    assert main(["table", str(tmp_path / "runs"), "--format", fmt, "--out", str(out),
+                 "--bootstrap", "50"]) == 0
+    text = out.read_text()
+    assert marker in text
+    assert "0.3000" in text or "0.3" in text.split("\n")[1]
+
+
+def test_table_without_runs_is_a_user_error(tmp_path, capsys):
+    assert main(["table", str(tmp_path)]) == 2
+    assert "no run folders" in capsys.readouterr().err
