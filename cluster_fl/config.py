@@ -133,9 +133,12 @@ class DataConfig:
     """Cap on a client's utterances (0 = no cap)."""
     feature_cache: str | None = None
     """Directory for cached log-mel features (default: ``<corpus>/features``)."""
+    n_mels: int = 80
+    """Mel bins of the log-mel features (Whisper: 80; large-v3 and Voxtral: 128)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "languages", tuple(self.languages))
+        _range(self.n_mels, "data.n_mels", 8, 256, integer=True)
         _check(len(self.languages) > 0, "data.languages", "needs at least one language")
         _range(self.max_clients, "data.max_clients", 0, None, integer=True)
         _range(self.max_utterances_per_client, "data.max_utterances_per_client", 0, None,
@@ -241,6 +244,15 @@ class PrivacyConfig:
     """Geometric learning rate η for quantile clipping."""
     probe_norms: str | None = None
     """JSON of per-group mean norms from a public probe (``calibrate``) for ``probe`` clipping."""
+    population: int = 0
+    """Number of clients N used for accounting (q = fl.clients_per_round / N); 0 = ask the data."""
+    diagnostics: str = "noised"
+    """Per-round diagnostics computed from clients' updates (clip flags, retained ratios, pool
+    norms, loss): ``noised`` -- each client's diagnostic vector is bounded to [0, 1] per entry,
+    summed securely, noised once and composed in the accountant; ``exact`` -- exact values
+    (and per-group norms) for research figures, and the run's guarantee is recorded as void."""
+    diagnostics_noise_multiplier: float = 1.0
+    """Noise multiplier on the summed diagnostic vectors (sensitivity = sqrt(entries))."""
 
     def __post_init__(self) -> None:
         _in(self.mechanism, ("gaussian", "none"), "privacy.mechanism")
@@ -262,6 +274,10 @@ class PrivacyConfig:
         _range(self.quantile_target, "privacy.quantile_target", 0.0, 1.0, lo_open=True,
                hi_open=True)
         _range(self.quantile_lr, "privacy.quantile_lr", 0.0, 10.0, lo_open=True)
+        _range(self.population, "privacy.population", 0, None, integer=True)
+        _in(self.diagnostics, ("noised", "exact"), "privacy.diagnostics")
+        _range(self.diagnostics_noise_multiplier, "privacy.diagnostics_noise_multiplier", 0.0,
+               None, lo_open=True)
         if self.clipping == "pools":
             _check(self.pools is not None and len(self.pools) >= 1, "privacy.pools",
                    "clipping 'pools' needs a list of {name, components, share}")
@@ -380,6 +396,46 @@ class RunConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class PretrainConfig:
+    """Central pretraining of a tiny speech-LLM on the public speakers (``cluster-fl pretrain``)."""
+
+    minutes: float = 15.0
+    """Wall-clock budget in minutes (0 = no limit; then ``steps`` must be set)."""
+    steps: int = 0
+    """Optimiser steps (0 = until the time budget runs out)."""
+    lr: float = 2e-3
+    """Peak AdamW learning rate (linear warm-up, cosine decay to 10%)."""
+    warmup_steps: int = 200
+    """Linear warm-up steps."""
+    batch_size: int = 24
+    """Utterances per step."""
+    ctc_weight: float = 0.5
+    """Weight of the auxiliary CTC loss on the encoder (0 = off)."""
+    heldout_speakers: int = 2
+    """Public speakers per language held out to measure WER during pretraining."""
+    eval_every: int = 500
+    """Evaluate held-out WER (and checkpoint) every this many steps (0 = only at the end)."""
+    eval_utterances: int = 200
+    """Cap on held-out utterances decoded per evaluation (0 = all)."""
+    out: str = "~/.cache/cluster_fl/pretrain/whisper-tinyllama-tiny"
+    """Checkpoint directory written atomically (use it as ``model.checkpoint``)."""
+
+    def __post_init__(self) -> None:
+        _range(self.minutes, "pretrain.minutes", 0.0, None)
+        _range(self.steps, "pretrain.steps", 0, None, integer=True)
+        _check(self.minutes > 0 or self.steps > 0, "pretrain.steps",
+               "set pretrain.steps > 0 or pretrain.minutes > 0")
+        _range(self.lr, "pretrain.lr", 0.0, 10.0, lo_open=True)
+        _range(self.warmup_steps, "pretrain.warmup_steps", 0, None, integer=True)
+        _range(self.batch_size, "pretrain.batch_size", 1, None, integer=True)
+        _range(self.ctc_weight, "pretrain.ctc_weight", 0.0, 100.0)
+        _range(self.heldout_speakers, "pretrain.heldout_speakers", 0, None, integer=True)
+        _range(self.eval_every, "pretrain.eval_every", 0, None, integer=True)
+        _range(self.eval_utterances, "pretrain.eval_utterances", 0, None, integer=True)
+        _check(isinstance(self.out, str) and self.out != "", "pretrain.out", "must be a path")
+
+
+@dataclass(frozen=True, kw_only=True)
 class Config:
     """The whole resolved configuration of one run."""
 
@@ -391,13 +447,14 @@ class Config:
     aggregation: AggregationConfig = field(default_factory=AggregationConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     audit: AuditConfig = field(default_factory=AuditConfig)
+    pretrain: PretrainConfig = field(default_factory=PretrainConfig)
     run: RunConfig = field(default_factory=RunConfig)
 
 
 SECTIONS: dict[str, type] = {
     "model": ModelConfig, "data": DataConfig, "fl": FLConfig, "client": ClientConfig,
     "privacy": PrivacyConfig, "aggregation": AggregationConfig, "eval": EvalConfig,
-    "audit": AuditConfig, "run": RunConfig,
+    "audit": AuditConfig, "pretrain": PretrainConfig, "run": RunConfig,
 }
 
 
