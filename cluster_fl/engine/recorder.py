@@ -49,12 +49,13 @@ class ChannelRecorder:
             u["raw_norms"] = {k: torch.tensor(v) for k, v in u["raw_norms"].items()}
             u["n_samples"] = torch.tensor(u["n_samples"])
             _save(self.dir / f"uploads_r{round_:04d}_rank{rank}.pt", u)
-        view = summer.peer_view() if hasattr(summer, "peer_view") else None
+        view = getattr(summer, "last_partial", None)  # set by reduce(record=True)
         if view is not None:
             _save(self.dir / f"partial_r{round_:04d}_rank{rank}.pt", view)
 
-    def release(self, round_: int, mean: Mapping[str, torch.Tensor], denominator: float) -> None:
+    def release(self, round_: int, mean: Mapping[str, torch.Tensor], denominator: float,
+                noise_std: float) -> None:
         if self.rank == 0:
             _save(self.dir / f"release_r{round_:04d}.pt",
                   {"noised_mean": {k: v.to(torch.float32) for k, v in mean.items()},
-                   "denominator": float(denominator)})
+                   "denominator": float(denominator), "noise_std": float(noise_std)})

@@ -142,7 +142,8 @@ class RoundEngine:
         if stat_size:
             self.policy.update(noised["stat"], denom)
         if self.recorder is not None:
-            self.recorder.release(round_, mean, denom)
+            std = self.cfg.privacy.noise_multiplier * self.cfg.privacy.clip_norm if self.private else 0.0
+            self.recorder.release(round_, mean, denom, std)
         row = self.diag.row(noised["diag"], thresholds, len(members))
         row.update(round=round_, n_cohort=len(members), denominator=denom,
                    wall_s=time.perf_counter() - t0)
