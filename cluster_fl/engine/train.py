@@ -119,8 +119,7 @@ def _train(cfg: Config, comm: Any, folder: Path, log: Log) -> Path:
                 out.row.update({k: v for k, v in summary.items() if k.startswith("wer")})
             rows.append(out.row)
             log(world.progress_line(r, rounds, out.row))
-            stop_now = bool(comm.all_reduce_flag(stop.set)) if hasattr(comm, "all_reduce_flag") \
-                else stop.set
+            stop_now = _agree(comm, stop.set)
             if comm.rank == 0:
                 write_rows(folder / "rounds.parquet", rows)
                 if r % cfg.run.checkpoint_every == 0 or r == rounds or stop_now:
@@ -147,6 +146,15 @@ def _train(cfg: Config, comm: Any, folder: Path, log: Log) -> Path:
     return folder
 
 
+def _agree(comm: Any, flag: bool) -> bool:
+    """True on every rank if any rank got a stop signal (ranks must stop at the same round)."""
+    if comm.world_size == 1:
+        return flag
+    t = torch.tensor([1 if flag else 0], dtype=torch.int64)
+    comm.all_reduce_sum(t)
+    return int(t.item()) > 0
+
+
 class Preempted(Exception):
     """Raised after a signal-triggered checkpoint; the CLI exits with ``PREEMPTED_EXIT``."""
 
@@ -168,7 +176,9 @@ def run(args: argparse.Namespace) -> int:
     except Exception as exc:
         folder = run_dir(cfg)
         status = read_status(folder)
-        if folder.is_dir() and not isinstance(exc, UserError) and (status or {}).get("state") != "done":
+        rank0 = os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) == "0"
+        if rank0 and folder.is_dir() and not isinstance(exc, UserError) \
+                and (status or {}).get("state") != "done":
             write_status(folder, "failed", (status or {}).get("round", 0), cfg.fl.rounds,
                          error=f"{type(exc).__name__}: {exc}")
         raise

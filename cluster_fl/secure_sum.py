@@ -1,0 +1,290 @@
+"""Secure aggregation of the round: exact fixed-point sums hidden behind pairwise masks.
+
+Every rank encodes its clients' (clipped) contributions as int64 fixed point, ``round(x·2^f)``, into
+one running buffer (memory does not grow with clients). At the end of the round each rank adds
+pairwise masks that cancel in the sum modulo 2^64 -- rank i adds PRG(k_ij, round) for j > i and
+subtracts it for j < i -- and the ranks run ONE all-reduce of the int64 buffer. The integer sum is
+exact, hence independent of how clients are split over ranks and of their order: 1, 2 or 8 ranks
+give bit-identical decoded sums.
+
+Threat model: honest-but-curious ranks (and anyone reading the wire) see only masked partial sums,
+which are uniform on Z_2^64 whatever the inputs; the released sum is what DP then protects. A rank
+that drops out fails the round (no dropout recovery). With two ranks, each can infer the other's
+partial from the total -- inherent to any two-party sum.
+
+Modes: ``plain`` (no masks; exact fixed point only), ``research`` (pair keys derived from the run
+seed with keyed BLAKE2b, masks from NumPy's Philox counter-mode generator: reproducible, NOT secret
+from anyone who knows the seed), ``secure`` (X25519 key agreement over the communicator, HKDF-SHA256
+pair keys, ChaCha20 keystream masks with (round, stream) in the nonce; fresh keys every process).
+
+Wrap-around arithmetic is done in NumPy ``uint64``, which wraps by definition; the all-reduce adds
+int64 two's complement values (wrapping in gloo and NCCL), and the tests check the cancellation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import struct
+from dataclasses import dataclass
+from typing import Iterable, Mapping, Sequence
+
+import numpy as np
+import torch
+
+from cluster_fl.dist import Comm
+from cluster_fl.errors import UserError
+
+MODES = ("plain", "research", "secure")
+_TWO63 = 2.0 ** 63
+_SLACK = 1.0 + 2.0 ** -20  # float32 clipping may overshoot a bound by a few ulps
+_CHUNK = 1 << 20  # mask generation chunk (elements): keeps peak memory flat
+
+
+class SecureSumRangeError(UserError, ValueError):
+    """The fixed-point configuration could overflow int64, or a contribution broke its bound."""
+
+
+def mask_mode(secure_sum: bool, secure_mode: bool) -> str:
+    """Mode from the config: ``aggregation.secure_sum`` and ``privacy.secure_mode``."""
+    if not secure_sum:
+        return "plain"
+    return "secure" if secure_mode else "research"
+
+
+def encode(x: torch.Tensor | float, frac_bits: int) -> torch.Tensor:
+    """Fixed point: ``round(x·2^frac_bits)`` as int64 (round half to even). Exact up to the
+    rounding itself for float16/32/64 inputs; raises on NaN/Inf or values beyond int64."""
+    scaled = _scale(x, frac_bits)
+    if scaled.numel():
+        peak = float(torch.linalg.vector_norm(scaled, float("inf")))  # NaN/Inf propagate
+        if not math.isfinite(peak):
+            raise ValueError("cannot encode non-finite values (zero a NaN/Inf client first)")
+        if peak >= _TWO63:
+            raise SecureSumRangeError(f"value {peak * 2.0 ** -frac_bits!r} does not fit int64 "
+                                      f"with {frac_bits} fractional bits")
+    return scaled.to(torch.int64)
+
+
+def _scale(x: torch.Tensor | float, frac_bits: int) -> torch.Tensor:
+    # Scaling by a power of two and rounding are exact in the input's own float format, so a
+    # float32 update needs no float64 copy and gives the same integers as the float64 route.
+    xt = torch.as_tensor(x).detach().cpu()
+    if not xt.is_floating_point():
+        xt = xt.to(torch.float64)
+    elif xt.dtype in (torch.float16, torch.bfloat16):
+        xt = xt.to(torch.float32)
+    return torch.round(xt * 2.0 ** frac_bits)
+
+
+def decode(s: torch.Tensor, frac_bits: int) -> torch.Tensor:
+    """int64 fixed point -> float64 ``s·2^-frac_bits`` (a deterministic function of ``s``)."""
+    return s.to(torch.float64) * 2.0 ** -frac_bits
+
+
+def check_range(max_abs_per_client: float, max_clients: int, frac_bits: int) -> float:
+    """Raise :class:`SecureSumRangeError` when ``max_clients`` contributions of absolute value up
+    to ``max_abs_per_client`` could overflow int64 with ``frac_bits`` fractional bits. Returns the
+    remaining headroom in bits (log2 of 2^63 over the worst-case sum)."""
+    if not (max_abs_per_client >= 0 and math.isfinite(max_abs_per_client)):
+        raise SecureSumRangeError(f"max_abs_per_client must be finite and >= 0, "
+                                  f"got {max_abs_per_client!r}")
+    if max_clients < 1 or not 0 <= frac_bits <= 62:
+        raise SecureSumRangeError(f"need max_clients >= 1 and frac_bits in [0, 62], got "
+                                  f"{max_clients} and {frac_bits}")
+    # each client adds at most bound·2^f, plus 0.5 from rounding
+    worst = max_clients * (max_abs_per_client * _SLACK * 2.0 ** frac_bits + 0.5)
+    if worst >= _TWO63:
+        per = (_TWO63 / max_clients - 0.5) / max(max_abs_per_client * _SLACK, 1e-300)
+        ok_bits = math.floor(math.log2(per)) if per >= 1 else None
+        hint = (f"use aggregation.fixed_point_bits <= {ok_bits}" if ok_bits is not None
+                else "reduce the bound or the number of clients")
+        raise SecureSumRangeError(
+            f"fixed-point sum could overflow int64: {max_clients} clients x |x| <= "
+            f"{max_abs_per_client:g} x 2^{frac_bits} = {worst:.3g} >= 2^63; {hint}")
+    return math.log2(_TWO63 / worst) if worst > 0 else math.inf
+
+
+@dataclass(frozen=True)
+class Field:
+    """One named slice of the flat buffer."""
+
+    name: str
+    shape: tuple[int, ...]
+    offset: int
+    numel: int
+    frac_bits: int
+    bound: float
+
+
+class SecureSummer:
+    """Streaming exact sum of named float tensors across clients and ranks.
+
+    ``shapes`` names every field (update groups, adaptive statistics, counters); ``bounds`` gives
+    the largest absolute value one contribution may have per coordinate (one number or per field:
+    for clipped updates the clip norm C), checked on :meth:`add` and against ``max_clients`` with
+    :func:`check_range` at construction. ``integer_fields`` are encoded with 0 fractional bits
+    (counters). One buffer, one all-reduce per :meth:`reduce`.
+    """
+
+    def __init__(self, shapes: Mapping[str, int | Sequence[int]], *, frac_bits: int,
+                 max_clients: int, bounds: float | Mapping[str, float], mode: str = "research",
+                 seed: int = 0, integer_fields: Iterable[str] = ()):
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        ints = set(integer_fields)
+        unknown = ints - set(shapes)
+        if unknown:
+            raise ValueError(f"integer_fields not in shapes: {sorted(unknown)}")
+        self.mode, self.seed, self.frac_bits, self.max_clients = mode, seed, frac_bits, max_clients
+        self.fields: dict[str, Field] = {}
+        offset = 0
+        for name, shape in shapes.items():
+            shape_t = (int(shape),) if isinstance(shape, int) else tuple(int(s) for s in shape)
+            numel = math.prod(shape_t)
+            bound = float(bounds if not isinstance(bounds, Mapping) else bounds[name])
+            bits = 0 if name in ints else frac_bits
+            check_range(bound, max_clients, bits)
+            self.fields[name] = Field(name, shape_t, offset, numel, bits, bound)
+            offset += numel
+        self.numel = offset
+        # the buffer's tail counts contributions per field: the overflow guard after the sum
+        self._acc = torch.zeros(offset + len(self.fields), dtype=torch.int64)
+        self._index = {name: i for i, name in enumerate(self.fields)}
+        self._pair_keys: dict[int, bytes] | None = None
+        self._used: set[tuple[int, int]] = set()
+        self.last_partial: dict[str, object] | None = None
+
+    # ------------------------------------------------------------------ local accumulation
+    def add(self, values: Mapping[str, torch.Tensor | float | int]) -> None:
+        """Encode one contribution (a client's clipped update, its statistics; any subset of the
+        fields) and add it to this rank's running sum."""
+        for name, value in values.items():
+            f = self.fields.get(name)
+            if f is None:
+                raise KeyError(f"unknown secure-sum field {name!r}; known: {list(self.fields)}")
+            x = torch.as_tensor(value).detach()
+            if not x.is_floating_point():  # counters: ints are exact in float64 up to 2^53
+                x = x.to(torch.float64)
+            if x.numel() != f.numel:
+                raise ValueError(f"field {name!r}: expected {f.numel} values, got {x.numel()}")
+            if x.numel():
+                peak = float(torch.linalg.vector_norm(x, float("inf")))  # NaN/Inf propagate
+                if not math.isfinite(peak):
+                    raise ValueError(f"field {name!r}: non-finite values (zero a NaN/Inf "
+                                     "client before adding it)")
+                if peak > f.bound * _SLACK:
+                    raise SecureSumRangeError(f"field {name!r}: |x| = {peak:g} exceeds its bound "
+                                              f"{f.bound:g} (clip before adding)")
+            # within its bound, check_range guarantees the encoding and the sum fit int64
+            enc = _scale(x, f.frac_bits).reshape(-1).to(torch.int64)
+            self._acc[f.offset:f.offset + f.numel] += enc
+            self._acc[self.numel + self._index[name]] += 1
+
+    def reset(self) -> None:
+        """Forget this rank's running sum (reduce does this itself)."""
+        self._acc.zero_()
+
+    def partial(self) -> dict[str, torch.Tensor]:
+        """This rank's unmasked running sum, decoded (what only this rank may know)."""
+        return self._decode(self._acc)
+
+    def _decode(self, buf: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {f.name: decode(buf[f.offset:f.offset + f.numel], f.frac_bits).reshape(f.shape)
+                for f in self.fields.values()}
+
+    # ------------------------------------------------------------------ the masked all-reduce
+    def reduce(self, comm: Comm, round: int, *, stream: int = 0,
+               record: bool = False) -> dict[str, torch.Tensor]:
+        """Mask, all-reduce once, decode: the exact float64 sum over every rank's contributions,
+        identical on every rank. ``(round, stream)`` must not repeat (a repeat would reuse masks);
+        use ``stream`` for a second reduction in one round. ``record`` keeps what a peer sees in
+        :attr:`last_partial` = ``{"masked": int64 Tensor, "plain": {field: float64 Tensor}}``.
+        Resets the running sum. Collective: every rank must call it."""
+        if not 0 <= round < 2 ** 63 or not 0 <= stream < 2 ** 32:
+            raise ValueError(f"round must be in [0, 2^63) and stream in [0, 2^32), got "
+                             f"{round}, {stream}")
+        if (round, stream) in self._used and self.mode != "plain":
+            raise ValueError(f"masks for round {round} stream {stream} were already used")
+        self._used.add((round, stream))
+        masked = self._acc.clone()
+        if self.mode != "plain" and comm.world_size > 1:
+            if self.mode == "secure" and self._pair_keys is None:
+                self._pair_keys = _agree_pair_keys(comm)
+            self._apply_masks(masked, comm.rank, comm.world_size, round, stream)
+        if record:
+            self.last_partial = {"masked": masked.clone(), "plain": self.partial()}
+        comm.all_reduce_sum(masked)
+        self._acc.zero_()
+        counts = masked[self.numel:]
+        if counts.numel() and (bool((counts < 0).any()) or int(counts.max()) > self.max_clients):
+            raise SecureSumRangeError(
+                f"more than max_clients={self.max_clients} contributions to one field "
+                f"({counts.tolist()}): the int64 sum may have overflowed")
+        return self._decode(masked)
+
+    def key_fingerprints(self) -> dict[int, str]:
+        """Secure mode: a short hash of each pair key by peer rank (tests: keys differ per run)."""
+        return {j: hashlib.blake2b(k, digest_size=8).hexdigest()
+                for j, k in (self._pair_keys or {}).items()}
+
+    def _apply_masks(self, buf: torch.Tensor, rank: int, world: int, round: int,
+                     stream: int) -> None:
+        view = buf.numpy().view(np.uint64)  # shares memory; uint64 wraps mod 2^64
+        for peer in range(world):
+            if peer == rank:
+                continue
+            lo, hi = min(rank, peer), max(rank, peer)
+            chunks = (_philox_chunks(self.seed, lo, hi, round, stream, view.size)
+                      if self.mode == "research" else
+                      _chacha_chunks(self._pair_keys[peer], round, stream, view.size))
+            for start, mask in chunks:
+                part = view[start:start + mask.size]
+                if rank < peer:
+                    np.add(part, mask, out=part)
+                else:
+                    np.subtract(part, mask, out=part)
+
+
+def _philox_chunks(seed: int, lo: int, hi: int, round: int, stream: int, n: int):
+    """Research-mode masks: Philox keyed by BLAKE2b(seed, pair, round, stream)."""
+    key = hashlib.blake2b(struct.pack("<QQQQI", seed, lo, hi, round, stream), digest_size=16,
+                          person=b"cfl.securesum.v1").digest()
+    gen = np.random.Philox(key=int.from_bytes(key, "little"))
+    for start in range(0, n, _CHUNK):
+        yield start, gen.random_raw(min(_CHUNK, n - start))
+
+
+def _chacha_chunks(key: bytes, round: int, stream: int, n: int):
+    """Secure-mode masks: the ChaCha20 keystream under the pair key, nonce = (round, stream)."""
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+
+    # cryptography's 16-byte ChaCha20 nonce = 4-byte block counter (from 0) + 12-byte nonce
+    nonce = struct.pack("<IQI", 0, round, stream)
+    enc = Cipher(algorithms.ChaCha20(key, nonce), mode=None).encryptor()
+    zeros = bytes(8 * min(_CHUNK, n))
+    for start in range(0, n, _CHUNK):
+        m = min(_CHUNK, n - start)
+        yield start, np.frombuffer(enc.update(zeros[:8 * m]), dtype="<u8").astype(np.uint64,
+                                                                                    copy=False)
+
+
+def _agree_pair_keys(comm: Comm) -> dict[int, bytes]:
+    """X25519 with every peer (keypairs from the OS CSPRNG, public keys all-gathered), then
+    HKDF-SHA256 bound to the ordered pair and both public keys. Returns {peer rank: 32-byte key}."""
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+    private = X25519PrivateKey.generate()
+    raw = serialization.Encoding.Raw, serialization.PublicFormat.Raw
+    publics = comm.all_gather_object(private.public_key().public_bytes(*raw))
+    keys: dict[int, bytes] = {}
+    for peer, pub in enumerate(publics):
+        if peer == comm.rank:
+            continue
+        shared = private.exchange(X25519PublicKey.from_public_bytes(pub))
+        lo, hi = min(comm.rank, peer), max(comm.rank, peer)
+        info = b"cluster_fl secure sum v1" + struct.pack("<QQ", lo, hi) + publics[lo] + publics[hi]
+        keys[peer] = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(shared)
+    return keys
