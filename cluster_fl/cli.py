@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         module.add_arguments_for(command, sub)
     else:
         module.add_arguments(sub)
-    args = sub.parse_args(argv[1:])
+    args = sub.parse_intermixed_args(argv[1:])
     args.command = command
     try:
         runner = getattr(module, "run_for", None)

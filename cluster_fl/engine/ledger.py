@@ -52,7 +52,7 @@ class RunLedger:
         self.diag = diag
         self.private = policy is not None
         if self.private and diag.exact:
-            ledger._void("privacy.diagnostics=exact: exact per-client diagnostics (norms, clip "
+            ledger.add_void_reason("privacy.diagnostics=exact: exact per-client diagnostics (norms, clip "
                          "flags, losses) are released without noise")
         self._seen = policy
         if self.private and not diag.exact:

@@ -1,1 +1,25 @@
-"""privacy."""
+"""Privacy core: clipping policies, Gaussian noise, accounting and the run's privacy ledger.
+
+Knows nothing of models or ranks: it sees trainable groups (``cluster_fl.groups.GroupSpec``) and
+tensors keyed by group name. Per round the engine calls ``policy.thresholds()``, per client
+``policy.clip(update)`` (and ``policy.statistic(result)`` when ``policy.adaptive``), adds noise from
+a ``NoiseSource`` once to the summed update (std σ·C) and summed statistic
+(std ``policy.statistic_noise_std``), then ``policy.update(noised_sum, denominator)`` and
+``ledger.step(policy)``.
+"""
+
+from cluster_fl.privacy.accounting import (PrivacyLedger, RoundEvent, combined_noise_multiplier,
+                                           compute_epsilon, effective_noise_multipliers,
+                                           epsilon_of_events, is_adaptive, ledger_for,
+                                           noise_multiplier_for_epsilon)
+from cluster_fl.privacy.clipping import (POLICIES, ClipPolicy, ClipResult, PoolSpec, make_policy,
+                                         register_policy)
+from cluster_fl.privacy.noise import (NoiseSource, ResearchNoise, SecureNoise, make_noise,
+                                      noise_for, release_statistic)
+
+__all__ = [
+    "POLICIES", "ClipPolicy", "ClipResult", "NoiseSource", "PoolSpec", "PrivacyLedger",
+    "ResearchNoise", "RoundEvent", "SecureNoise", "combined_noise_multiplier", "compute_epsilon",
+    "effective_noise_multipliers", "epsilon_of_events", "is_adaptive", "ledger_for",
+    "make_noise", "make_policy", "noise_for", "noise_multiplier_for_epsilon", "register_policy", "release_statistic",
+]

@@ -1,0 +1,306 @@
+"""Privacy accounting with dp-accounting (RDP or PLD) and the per-run ledger (``privacy.json``).
+
+Mechanism per round: the cohort is sampled (Poisson with rate q, or fixed size m of N), every
+sampled client's update is clipped to L2 ≤ C, the sum gets N(0, σ²C²) once. Adaptive policies
+also release the sum of a per-client statistic (L2 ≤ Δ_s) with N(0, (z_s·Δ_s)²), on the SAME
+cohort. Two Gaussian releases of the same sampled set are one Gaussian mechanism on the
+concatenated vector (scale each part by its own sensitivity): σ_eff = (σ⁻² + z_s⁻²)^(-1/2)
+(Mironov et al. 2019, §3; dp-accounting's RDP does the same for a ComposedDpEvent of Gaussians).
+
+Neighbouring relation and sampling:
+* Poisson: add/remove one client, ``PoissonSampledDpEvent(q, Gaussian(σ_eff))``; RDP or PLD.
+* fixed size: replace one client (N public). Replacing one update moves the sum by up to 2C, so the
+  Gaussian's multiplier relative to that sensitivity is σ_eff/2:
+  ``SampledWithoutReplacementDpEvent(N, m, Gaussian(σ_eff/2))``. dp-accounting's PLD accountant
+  has no sampling-without-replacement event, so with ``accountant: pld`` a fixed-size run falls
+  back to RDP and the ledger says so (``accountant`` = "rdp", ``fallback`` = the reason).
+
+Guarantee recorded: "valid"; "void" (a channel is released without noise: non-private adaptive
+statistics, or σ = 0) with ``void_reasons``; "none" (``privacy.mechanism: none``). A void or
+"none" run's ε is +inf (``null`` in JSON), never the nominal figure of the update channel alone.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import dp_accounting
+from dp_accounting import pld, rdp
+
+from cluster_fl.config import PrivacyConfig
+from cluster_fl.errors import UserError
+
+ADAPTIVE_METHODS = ("uniform-ema", "size-ema", "quantile")
+PLD_FALLBACK = ("dp-accounting's PLD accountant does not support sampling without replacement; "
+                "fixed-size cohorts are accounted with RDP")
+
+
+def is_adaptive(privacy: PrivacyConfig) -> bool:
+    """Whether the configured clipping releases an adaptive statistic each round."""
+    return privacy.clipping in ADAPTIVE_METHODS or (
+        privacy.clipping in ("alpha-split", "pools") and privacy.inside_pool == "ema")
+
+
+def combined_noise_multiplier(sigma: float, statistic_sigma: float | None) -> float:
+    """σ_eff = (σ⁻² + σ_s⁻²)^(-1/2): the update and statistic releases as one Gaussian."""
+    if statistic_sigma is None:
+        return float(sigma)
+    if sigma <= 0 or statistic_sigma <= 0:
+        return 0.0
+    return (sigma ** -2 + statistic_sigma ** -2) ** -0.5
+
+
+@dataclass(frozen=True)
+class RoundEvent:
+    """``count`` identical rounds of the mechanism (run-length encoded in the ledger)."""
+
+    noise_multiplier: float
+    statistic_noise_multiplier: float | None
+    statistic_private: bool
+    sampling: str
+    sampling_rate: float
+    population: int | None
+    cohort_size: int | None
+    count: int = 1
+
+    def key(self) -> tuple:
+        return tuple(v for k, v in asdict(self).items() if k != "count")
+
+    def dp_event(self) -> dp_accounting.DpEvent:
+        """The dp-accounting event of ``count`` rounds."""
+        if not self.statistic_private:
+            return dp_accounting.NonPrivateDpEvent()
+        sigma = combined_noise_multiplier(self.noise_multiplier, self.statistic_noise_multiplier)
+        if sigma <= 0:
+            return dp_accounting.NonPrivateDpEvent()
+        if self.sampling == "fixed":
+            if not self.population or not self.cohort_size:
+                raise ValueError("fixed-size sampling needs population and cohort_size")
+            inner = dp_accounting.SampledWithoutReplacementDpEvent(
+                self.population, self.cohort_size, dp_accounting.GaussianDpEvent(sigma / 2.0))
+        else:
+            inner = dp_accounting.PoissonSampledDpEvent(
+                self.sampling_rate, dp_accounting.GaussianDpEvent(sigma))
+        return dp_accounting.SelfComposedDpEvent(inner, self.count)
+
+    def describe(self) -> dict[str, Any]:
+        """JSON form (for ``events`` in ``account --json`` and ``privacy.json``)."""
+        d = asdict(self)
+        d["rounds"] = d.pop("count")
+        d["effective_noise_multiplier"] = combined_noise_multiplier(
+            self.noise_multiplier, self.statistic_noise_multiplier)
+        d["dp_event"] = repr(self.dp_event())
+        return d
+
+
+def _accountant(name: str, fixed: bool) -> tuple[Any, str]:
+    relation = dp_accounting.NeighboringRelation
+    if name == "pld" and not fixed:
+        return pld.PLDAccountant(), "pld"
+    if name not in ("rdp", "pld"):
+        raise ValueError(f"unknown accountant {name!r}")
+    rel = relation.REPLACE_ONE if fixed else relation.ADD_OR_REMOVE_ONE
+    return rdp.RdpAccountant(neighboring_relation=rel), "rdp"
+
+
+def epsilon_of_events(events: Sequence[RoundEvent], delta: float,
+                      accountant: str = "rdp") -> tuple[float, str]:
+    """(ε, accountant actually used) for a sequence of round events at ``delta``."""
+    if not events:
+        return 0.0, accountant
+    fixed = {e.sampling == "fixed" for e in events}
+    if len(fixed) > 1:
+        raise ValueError("a run mixes Poisson and fixed-size rounds")
+    acc, used = _accountant(accountant, fixed.pop())
+    for e in events:
+        acc.compose(e.dp_event())
+    # dp-accounting logs (via absl) each RDP order it drops for not converging; dropping an
+    # order can only make ε larger (conservative), so these warnings are noise on stderr
+    absl = logging.getLogger("absl")
+    level = absl.level
+    absl.setLevel(logging.ERROR)
+    try:
+        eps = float(acc.get_epsilon(delta))
+    finally:
+        absl.setLevel(level)
+    return (eps if math.isfinite(eps) else math.inf), used
+
+
+def compute_epsilon(noise_multiplier: float, sampling_rate: float, rounds: int, delta: float, *,
+                    accountant: str = "rdp", sampling: str = "poisson",
+                    population: int | None = None, cohort_size: int | None = None,
+                    statistic_noise_multiplier: float | None = None) -> float:
+    """ε after ``rounds`` rounds of the (optionally statistic-composed) sampled Gaussian."""
+    ev = RoundEvent(noise_multiplier, statistic_noise_multiplier, True, sampling,
+                    sampling_rate, population, cohort_size, rounds)
+    return epsilon_of_events([ev], delta, accountant)[0]
+
+
+def noise_multiplier_for_epsilon(target_epsilon: float, sampling_rate: float, rounds: int,
+                                 delta: float, *, rel_tol: float = 1e-5,
+                                 **kwargs: Any) -> float:
+    """Smallest σ (to ``rel_tol``) whose ε ≤ ``target_epsilon``: bisection on log σ.
+    ``kwargs`` as :func:`compute_epsilon`. Raises UserError if the target is unreachable."""
+    def eps(s: float) -> float:
+        return compute_epsilon(s, sampling_rate, rounds, delta, **kwargs)
+    lo, hi = 1e-3, 1.0
+    while eps(hi) > target_epsilon:
+        lo, hi = hi, hi * 4.0
+        if hi > 1e6:
+            raise UserError(f"target epsilon {target_epsilon:g} is unreachable at delta "
+                            f"{delta:g} (the adaptive statistic alone may cost more; raise "
+                            "privacy.stat_noise_multiplier)")
+    while hi / lo > 1.0 + rel_tol:
+        mid = math.sqrt(lo * hi)
+        if eps(mid) > target_epsilon:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
+def effective_noise_multipliers(policy: Any, sigma: float) -> tuple[dict[str, float],
+                                                                    dict[str, float]]:
+    """Per-pool and per-group effective noise multipliers σ·C/C_k (= σ/√α_k for a pool)."""
+    c = policy.clip_norm
+    pools = {k: (sigma * c / ck if ck > 0 else math.inf)
+             for k, ck in policy.pool_thresholds().items()}
+    groups = {h: (sigma * c / ch if ch > 0 else math.inf)
+              for h, ch in policy.thresholds().items()}
+    return pools, groups
+
+
+class PrivacyLedger:
+    """The run's privacy record: stepped once per round, serialised to ``privacy.json``."""
+
+    def __init__(self, privacy: PrivacyConfig, *, sampling_rate: float,
+                 sampling: str = "poisson", population: int | None = None,
+                 cohort_size: int | None = None) -> None:
+        self.privacy = privacy
+        self.sampling_rate = float(sampling_rate)
+        self.sampling = sampling
+        self.population = population
+        self.cohort_size = cohort_size
+        self.events: list[RoundEvent] = []
+        self.pools: list[dict[str, Any]] = []
+        self.void_reasons: list[str] = []
+        self._cache: dict[tuple, float] = {}
+        if privacy.mechanism == "gaussian" and privacy.noise_multiplier == 0:
+            self._void("privacy.noise_multiplier is 0: the update is released without noise")
+
+    def add_void_reason(self, reason: str) -> None:
+        """Record a channel released without noise (the engine's exact diagnostics, ...): the
+        guarantee becomes "void" and ε +inf."""
+        if reason not in self.void_reasons:
+            self.void_reasons.append(reason)
+
+    _void = add_void_reason
+
+    @property
+    def rounds(self) -> int:
+        return sum(e.count for e in self.events)
+
+    @property
+    def guarantee(self) -> str:
+        """"none" (no mechanism), "void" (a channel released without noise) or "valid"."""
+        if self.privacy.mechanism == "none":
+            return "none"
+        return "void" if self.void_reasons else "valid"
+
+    def record_policy(self, policy: Any) -> None:
+        """Record pools (share, threshold, effective σ) and whether statistics are private."""
+        sig_pool, _ = effective_noise_multipliers(policy, self.privacy.noise_multiplier)
+        thr = policy.pool_thresholds()
+        self.pools = [{"name": p.name, "share": p.share, "threshold": thr[p.name],
+                       "effective_noise_multiplier": sig_pool[p.name], "rule": p.rule}
+                      for p in policy.pools]
+        if policy.adaptive and not policy.adaptive_private:
+            self._void(f"clipping {policy.method!r} adapts from exact, un-noised client "
+                       "statistics (privacy.adaptive_private=false)")
+
+    def step(self, policy: Any = None, rounds: int = 1) -> None:
+        """Account ``rounds`` more rounds; the statistic stream comes from ``policy`` (or from
+        the config when ``policy`` is None)."""
+        p = self.privacy
+        if policy is not None:
+            self.record_policy(policy)
+            adaptive, private = bool(policy.adaptive), policy.adaptive_private
+            z_s = (policy.statistic_noise_std / policy.statistic_sensitivity
+                   if adaptive and private else None)
+        else:
+            adaptive, private = is_adaptive(p), p.adaptive_private
+            z_s = p.stat_noise_multiplier if adaptive and private else None
+            if adaptive and not private:
+                self._void(f"clipping {p.clipping!r} adapts from exact, un-noised client "
+                           "statistics (privacy.adaptive_private=false)")
+        ev = RoundEvent(p.noise_multiplier, z_s, not adaptive or private, self.sampling,
+                        self.sampling_rate, self.population, self.cohort_size, rounds)
+        if self.events and self.events[-1].key() == ev.key():
+            last = self.events.pop()
+            ev = RoundEvent(*last.key(), count=last.count + rounds)
+        self.events.append(ev)
+
+    def accountant_used(self) -> str:
+        return "rdp" if self.sampling == "fixed" else self.privacy.accountant
+
+    def epsilon(self) -> float:
+        """ε at ``privacy.delta`` so far; +inf when the guarantee is void or none."""
+        if self.guarantee != "valid":
+            return math.inf
+        # the engine asks every round; PLD / without-replacement RDP take ~0.1-1 s, so memoise
+        key = tuple((e.key(), e.count) for e in self.events)
+        if key not in self._cache:
+            self._cache.clear()
+            self._cache[key] = epsilon_of_events(self.events, self.privacy.delta,
+                                                 self.privacy.accountant)[0]
+        return self._cache[key]
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``privacy.json`` record (keys per COMMON.md; ε null when infinite)."""
+        eps = self.epsilon()
+        fallback = (PLD_FALLBACK if self.privacy.accountant == "pld" and self.sampling == "fixed"
+                    else None)
+        return {
+            "accountant": self.accountant_used(), "accountant_requested": self.privacy.accountant,
+            "fallback": fallback, "epsilon": eps if math.isfinite(eps) else None,
+            "delta": self.privacy.delta, "noise_multiplier": self.privacy.noise_multiplier,
+            "sampling": self.sampling, "sampling_rate": self.sampling_rate,
+            "population": self.population, "rounds": self.rounds,
+            "events": [e.describe() for e in self.events] if self.guarantee != "none" else [],
+            "pools": self.pools, "guarantee": self.guarantee,
+            "void_reasons": list(self.void_reasons), "mechanism": self.privacy.mechanism,
+            "clipping": self.privacy.clipping, "clip_norm": self.privacy.clip_norm,
+            "secure_mode": self.privacy.secure_mode,
+        }
+
+    def write(self, path: str | Path) -> None:
+        """Write ``privacy.json`` atomically (temp file + rename)."""
+        path = Path(path)
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(json.dumps(self.to_json(), indent=2) + "\n")
+        tmp.replace(path)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Resume state: the run-length-encoded events, pools and void reasons."""
+        return {"events": [asdict(e) for e in self.events], "pools": list(self.pools),
+                "void_reasons": list(self.void_reasons)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.events = [RoundEvent(**e) for e in state["events"]]
+        self.pools = [dict(p) for p in state["pools"]]
+        self.void_reasons = list(state["void_reasons"])
+
+
+def ledger_for(cfg: Any, population: int) -> PrivacyLedger:
+    """The ledger of a run config: q = fl.clients_per_round / population, fl.sampling."""
+    m = cfg.fl.clients_per_round
+    if population < 1 or m > population:
+        raise UserError(f"fl.clients_per_round ({m}) must be between 1 and the number of "
+                        f"clients ({population}); set privacy.population or fl.clients_per_round")
+    return PrivacyLedger(cfg.privacy, sampling_rate=m / population, sampling=cfg.fl.sampling,
+                         population=population, cohort_size=m)

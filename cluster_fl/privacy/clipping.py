@@ -1,0 +1,380 @@
+"""Clipping policies: one ``ClipPolicy`` class, pools of groups, and a dict registry of builders.
+
+A policy partitions the trainable groups into pools k with budget shares α_k (Σ α_k = 1). Inside
+a pool a *rule* gives each member a weight w_h (Σ_pool w_h = 1) and the threshold is
+C_h = C·√(α_k·w_h), so Σ_h C_h² = C² and the joint L2 sensitivity of a clipped update is C. A
+``flat`` rule instead clips the pool's concatenated slice to C_k = C·√α_k.
+
+Sensitivity: for EVERY input, NaN/±Inf/1e30 included, ‖clip(Δ)‖₂ ≤ C. Norms are computed in
+float64 with max-scaling (no overflow), a clipped group is scaled a hair (2⁻²⁰) below its
+threshold so the final cast cannot round it over, and a non-finite update becomes all zeros
+(``nonfinite=True``; the engine counts it). Output tensors keep their dtype, promoted to ≥ float32.
+
+Registry names are exactly ``config.CLIPPING_METHODS``. Rules:
+* ``size``: w_h ∝ p_h;  ``uniform``: w_h = 1/|pool|;  ``flat``: one threshold per pool.
+* ``uniform-ema``/``size-ema`` (and inside-pool ``ema`` = size-based EMA): see ``adaptive.py``.
+* ``quantile``: per-group adaptive quantile clipping (Andrew et al. 2021), starts from ``size``.
+* ``probe``: static allocation from public probe norms m_h (``privacy.probe_norms``): C_h ∝ m_h,
+  i.e. w_h = m_h² / Σ m_k². Why: the Gaussian noise added to the sum is N(0, σ²C²) on every
+  coordinate whatever the allocation, so the allocation only changes the clipping bias; with
+  norms ≈ m_h, minimising Σ_h (m_h − C_h)₊² subject to Σ C_h² = C² gives C_h = m_h/(1+λ), i.e.
+  thresholds proportional to the typical norms (every group clipped by the same factor).
+* ``alpha-split``: pool "encoder" (component encoder) gets α, pool "decoder" (connector, decoder
+  and anything else) gets 1−α; inside rule ``privacy.inside_pool``.
+* ``pools``: ``privacy.pools`` = [{name, components, share}], inside rule ``privacy.inside_pool``.
+
+Empty pools (e.g. alpha-split with a frozen encoder: no encoder groups) are dropped and the
+remaining shares renormalised to sum to 1 — so the decoder pool then receives the whole budget C²
+and Σ C_h² = C² still holds. The policy records this in ``notes``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+
+from cluster_fl.config import ConfigError, PrivacyConfig
+from cluster_fl.groups import GroupSpec
+from cluster_fl.privacy.adaptive import indicator_statistic, norm_statistic
+from cluster_fl.privacy.rules import make_rule
+
+# A clipped group is scaled to threshold·(1 − MARGIN): float32 rounding (≤ 2⁻²⁴ relative) can
+# then never lift it over its threshold.
+MARGIN = 2.0 ** -20
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    """A pool: its ``name``, member group names (in policy order), budget ``share`` α_k, rule."""
+
+    name: str
+    groups: tuple[str, ...]
+    share: float
+    rule: str
+
+
+@dataclass
+class ClipResult:
+    """One client's clipped update and its (pre-clip) statistics.
+
+    For a non-finite update: ``update`` is all zeros, ``nonfinite`` is True, every norm is NaN
+    (exclude such clients from norm means), every clipped flag is True and retained is 0.
+    """
+
+    update: dict[str, torch.Tensor]
+    group_norms: dict[str, float]
+    group_clipped: dict[str, bool]
+    group_thresholds: dict[str, float]
+    pool_norms: dict[str, float]
+    pool_clipped: dict[str, bool]
+    pool_retained: dict[str, float]
+    total_norm: float
+    nonfinite: bool
+
+    @property
+    def clipped(self) -> bool:
+        """Whether any group was clipped (the run's ``clip_rate`` counts this)."""
+        return any(self.group_clipped.values())
+
+
+def safe_norm(t: torch.Tensor) -> float:
+    """L2 norm in float64 with max-scaling, so 1e300-sized entries do not overflow."""
+    x = t.detach().to(torch.float64)
+    if x.numel() == 0:
+        return 0.0
+    top = float(x.abs().max())
+    if top == 0.0 or not math.isfinite(top):
+        return top
+    return top * float(torch.linalg.vector_norm(x / top))
+
+
+def combine_norms(norms: Sequence[float]) -> float:
+    """√(Σ n²) without overflow."""
+    top = max(norms, default=0.0)
+    if top == 0.0 or not math.isfinite(top):
+        return top
+    return top * math.sqrt(math.fsum((n / top) ** 2 for n in norms))
+
+
+class ClipPolicy:
+    """Per-pool clipping with thresholds C_h = C·√(α_k·w_h); see the module docstring.
+
+    Adaptive policies (``adaptive`` is "ema" or "quantile") learn only from the noised sum of
+    per-client statistics passed to :meth:`update`; static ones have ``statistic_size == 0``.
+    """
+
+    def __init__(self, method: str, groups: Sequence[GroupSpec],
+                 pools: Sequence[tuple[PoolSpec, Any]], clip_norm: float, *,
+                 adaptive_private: bool = True, stat_clip: float = 1.0,
+                 stat_noise_multiplier: float = 1.0, notes: Sequence[str] = ()) -> None:
+        self.method = method
+        self.groups = tuple(groups)
+        self.clip_norm = float(clip_norm)
+        self.notes = tuple(notes)
+        self._pools = [p for p, _ in pools]
+        self._rules = [r for _, r in pools]
+        self._names = [g.name for g in self.groups]
+        self._index = {n: i for i, n in enumerate(self._names)}
+        covered = sorted(h for p in self._pools for h in p.groups)
+        if covered != sorted(self._names):
+            raise ValueError("pools must partition the groups exactly")
+        kinds = {r.adaptive for r in self._rules} - {None}
+        if len(kinds) > 1:
+            raise ValueError(f"a policy mixes adaptive rules {sorted(kinds)}")
+        self.adaptive: str | None = kinds.pop() if kinds else None
+        self.adaptive_private = bool(adaptive_private)
+        self.stat_clip = float(stat_clip)
+        self.stat_noise_multiplier = float(stat_noise_multiplier)
+        self.rounds_updated = 0
+
+    # ---- thresholds -------------------------------------------------------------------
+    @property
+    def pools(self) -> list[PoolSpec]:
+        """The pools (name, member groups, share, rule)."""
+        return list(self._pools)
+
+    def pool_thresholds(self) -> dict[str, float]:
+        """C_k = C·√α_k per pool (Σ C_k² = C²)."""
+        return {p.name: self.clip_norm * math.sqrt(p.share) for p in self._pools}
+
+    def thresholds(self) -> dict[str, float]:
+        """Current per-group thresholds (a flat pool's groups report the pool threshold)."""
+        out: dict[str, float] = {}
+        for pool, rule in zip(self._pools, self._rules):
+            if rule.flat:
+                for h in pool.groups:
+                    out[h] = self.clip_norm * math.sqrt(pool.share)
+            else:
+                for h, w in zip(pool.groups, rule.weights()):
+                    out[h] = self.clip_norm * math.sqrt(pool.share * w)
+        return {h: out[h] for h in self._names}
+
+    def pool_of(self) -> dict[str, str]:
+        """Group name → pool name."""
+        return {h: p.name for p in self._pools for h in p.groups}
+
+    def group_table(self) -> list[dict[str, Any]]:
+        """[{name, component, numel, pool, threshold}] in group order (``groups.json``)."""
+        thr, pool = self.thresholds(), self.pool_of()
+        return [{"name": g.name, "component": g.component, "numel": g.numel,
+                 "pool": pool[g.name], "threshold": thr[g.name]} for g in self.groups]
+
+    # ---- clipping ---------------------------------------------------------------------
+    def clip(self, update: Mapping[str, torch.Tensor]) -> ClipResult:
+        """Clip one client's update (dict group → tensor); ‖result‖₂ ≤ C for every input."""
+        missing = [h for h in self._names if h not in update]
+        extra = [h for h in update if h not in self._index]
+        if missing or extra:
+            raise ValueError(f"update groups do not match the policy: missing {missing[:3]}, "
+                             f"unexpected {extra[:3]}")
+        thr = self.thresholds()
+        pool_thr = self.pool_thresholds()
+        nonfinite = not all(bool(torch.isfinite(update[h]).all()) for h in self._names)
+        if nonfinite:
+            return self._zero_result(update, thr)
+        norms = {h: safe_norm(update[h]) for h in self._names}
+        factors: dict[str, float] = {}
+        clipped: dict[str, bool] = {}
+        pool_norms, pool_clipped, pool_retained = {}, {}, {}
+        for pool, rule in zip(self._pools, self._rules):
+            pn = combine_norms([norms[h] for h in pool.groups])
+            if rule.flat:
+                hit = pn > pool_thr[pool.name]
+                f = pool_thr[pool.name] / pn * (1.0 - MARGIN) if hit else 1.0
+                for h in pool.groups:
+                    factors[h], clipped[h] = f, hit
+            else:
+                for h in pool.groups:
+                    hit = norms[h] > thr[h]
+                    factors[h] = thr[h] / norms[h] * (1.0 - MARGIN) if hit else 1.0
+                    clipped[h] = hit
+            # ‖clipped slice‖ from the factors; written as min() so an inf norm gives 0 not NaN
+            if rule.flat:
+                kept = min(pn, pool_thr[pool.name] * (1.0 - MARGIN))
+            else:
+                kept = combine_norms([min(norms[h], thr[h] * (1.0 - MARGIN)) if clipped[h]
+                                      else norms[h] for h in pool.groups])
+            pool_norms[pool.name] = pn
+            pool_clipped[pool.name] = any(clipped[h] for h in pool.groups)
+            pool_retained[pool.name] = (kept / pn if math.isfinite(pn) else 0.0) if pn > 0 else 1.0
+        out = {}
+        for h in self._names:
+            t = update[h]
+            dtype = torch.promote_types(t.dtype, torch.float32)
+            if factors[h] == 1.0:
+                out[h] = t.detach().to(dtype).clone()
+            else:  # scale in float64, then cast: never rounds above the threshold (MARGIN)
+                out[h] = (t.detach().to(torch.float64) * factors[h]).to(dtype)
+        return ClipResult(out, norms, clipped, thr, pool_norms, pool_clipped, pool_retained,
+                          combine_norms(list(norms.values())), False)
+
+    def _zero_result(self, update: Mapping[str, torch.Tensor],
+                     thr: dict[str, float]) -> ClipResult:
+        nan = float("nan")
+        out = {h: torch.zeros_like(update[h], dtype=torch.promote_types(update[h].dtype,
+                                                                       torch.float32))
+               for h in self._names}
+        return ClipResult(out, {h: nan for h in self._names}, {h: True for h in self._names},
+                          thr, {p.name: nan for p in self._pools},
+                          {p.name: True for p in self._pools},
+                          {p.name: 0.0 for p in self._pools}, nan, True)
+
+    # ---- adaptive statistics ----------------------------------------------------------
+    @property
+    def statistic_size(self) -> int:
+        """Length of one client's statistic vector (0 for static policies)."""
+        return len(self._names) if self.adaptive else 0
+
+    @property
+    def statistic_sensitivity(self) -> float:
+        """L2 bound Δ_s on one client's statistic (0 static; inf for the non-private variant)."""
+        if not self.adaptive:
+            return 0.0
+        if not self.adaptive_private:
+            return math.inf
+        return self.stat_clip if self.adaptive == "ema" else math.sqrt(len(self._names)) / 2.0
+
+    @property
+    def statistic_noise_std(self) -> float:
+        """Std of the Gaussian the aggregator adds ONCE to the SUM of statistics (z_s·Δ_s)."""
+        if not self.adaptive or not self.adaptive_private:
+            return 0.0
+        return self.stat_noise_multiplier * self.statistic_sensitivity
+
+    def statistic(self, result_or_update: ClipResult | Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """One client's bounded statistic (float64, length ``statistic_size``)."""
+        if not self.adaptive:
+            return torch.zeros(0, dtype=torch.float64)
+        res = (result_or_update if isinstance(result_or_update, ClipResult)
+               else self.clip(result_or_update))
+        if self.adaptive == "ema":
+            bound = self.stat_clip if self.adaptive_private else None
+            vals = norm_statistic([res.group_norms[h] for h in self._names], bound)
+        else:
+            flags = None if res.nonfinite else [not res.group_clipped[h] for h in self._names]
+            vals = indicator_statistic(flags, len(self._names))
+        return torch.tensor(vals, dtype=torch.float64)
+
+    def update(self, noised_statistic_sum: torch.Tensor | None, denominator: float) -> None:
+        """Adapt once per round from the (noised) SUM of statistics over the cohort; the
+        ``denominator`` is the public cohort size (n, or q·N under Poisson sampling)."""
+        if not self.adaptive:
+            return
+        if not denominator > 0:
+            raise ValueError(f"denominator must be > 0, got {denominator}")
+        v = torch.as_tensor(noised_statistic_sum, dtype=torch.float64).flatten().tolist()
+        if len(v) != len(self._names) or not all(math.isfinite(x) for x in v):
+            raise ValueError("statistic sum must be finite with one entry per group")
+        mean = [x / float(denominator) for x in v]
+        if self.adaptive == "quantile":
+            mean = [m + 0.5 for m in mean]  # un-centre: fraction of clients not clipped
+        for pool, rule in zip(self._pools, self._rules):
+            if rule.adaptive:
+                rule.observe([mean[self._index[h]] for h in pool.groups])
+        self.rounds_updated += 1
+
+    # ---- checkpointing ----------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume bitwise (plain floats; exact through torch.save/JSON)."""
+        return {"method": self.method, "groups": list(self._names),
+                "rounds_updated": self.rounds_updated,
+                "rules": [r.state_dict() if hasattr(r, "state_dict") else None
+                          for r in self._rules]}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict` output (same method and groups)."""
+        if state["method"] != self.method or list(state["groups"]) != self._names:
+            raise ValueError("policy state is for a different method or group layout")
+        for r, s in zip(self._rules, state["rules"]):
+            if s is not None:
+                r.load_state_dict(s)
+        self.rounds_updated = int(state["rounds_updated"])
+
+
+# ---- builders and registry --------------------------------------------------------------
+PolicyBuilder = Callable[[PrivacyConfig, Sequence[GroupSpec]], ClipPolicy]
+POLICIES: dict[str, PolicyBuilder] = {}
+
+
+def register_policy(name: str) -> Callable[[PolicyBuilder], PolicyBuilder]:
+    """Decorator adding a builder to :data:`POLICIES`."""
+    def deco(fn: PolicyBuilder) -> PolicyBuilder:
+        POLICIES[name] = fn
+        return fn
+    return deco
+
+
+def build_pooled(method: str, cfg: PrivacyConfig, groups: Sequence[GroupSpec],
+                 partition: Sequence[tuple[str, Callable[[GroupSpec], bool], float]],
+                 rule: str) -> ClipPolicy:
+    """A policy from ``(pool name, membership test, share)``; empty pools are dropped and the
+    remaining shares renormalised (recorded in ``notes``)."""
+    if not groups:
+        raise ConfigError("model", "no trainable groups to clip")
+    notes, members = [], []
+    for name, test, share in partition:
+        mine = [g for g in groups if test(g)]
+        if mine:
+            members.append((name, mine, share))
+        else:
+            notes.append(f"pool {name!r} has no groups; its share {share:g} goes to the others")
+    total = math.fsum(s for _, _, s in members)
+    pools = []
+    for name, mine, share in members:
+        spec = PoolSpec(name, tuple(g.name for g in mine), share / total, rule)
+        pools.append((spec, make_rule(rule, mine, cfg)))
+    # keep pool member order = policy group order
+    return ClipPolicy(method, groups, pools, cfg.clip_norm, adaptive_private=cfg.adaptive_private,
+                      stat_clip=cfg.stat_clip, stat_noise_multiplier=cfg.stat_noise_multiplier,
+                      notes=notes)
+
+
+def _single_pool(method: str, rule: str) -> PolicyBuilder:
+    def build(cfg: PrivacyConfig, groups: Sequence[GroupSpec]) -> ClipPolicy:
+        return build_pooled(method, cfg, groups, [("all", lambda g: True, 1.0)], rule)
+    return build
+
+
+for _m in ("flat", "uniform", "size", "uniform-ema", "size-ema", "quantile", "probe"):
+    register_policy(_m)(_single_pool(_m, _m))
+
+
+@register_policy("alpha-split")
+def build_alpha_split(cfg: PrivacyConfig, groups: Sequence[GroupSpec]) -> ClipPolicy:
+    """Encoder pool αC², decoder pool (connector + decoder + anything else) (1−α)C²."""
+    return build_pooled("alpha-split", cfg, groups, [
+        ("encoder", lambda g: g.component == "encoder", cfg.alpha),
+        ("decoder", lambda g: g.component != "encoder", 1.0 - cfg.alpha)], cfg.inside_pool)
+
+
+@register_policy("pools")
+def build_pools(cfg: PrivacyConfig, groups: Sequence[GroupSpec]) -> ClipPolicy:
+    """K pools from ``privacy.pools``; every group's component must be in exactly one pool."""
+    spec = cfg.pools or ()
+    owner: dict[str, str] = {}
+    for p in spec:
+        for c in p["components"]:
+            if c in owner:
+                raise ConfigError("privacy.pools", f"component {c!r} is in pools "
+                                  f"{owner[c]!r} and {p['name']!r}")
+            owner[c] = p["name"]
+    for g in groups:
+        if g.component not in owner:
+            raise ConfigError("privacy.pools", f"component {g.component!r} (group {g.name!r}) "
+                              f"is in no pool; pools cover {sorted(owner)}")
+    partition = [(str(p["name"]), (lambda g, cs=tuple(p["components"]): g.component in cs),
+                  float(p["share"])) for p in spec]
+    return build_pooled("pools", cfg, groups, partition, cfg.inside_pool)
+
+
+def make_policy(privacy_cfg: PrivacyConfig, groups: Sequence[GroupSpec]) -> ClipPolicy:
+    """The clipping policy named by ``privacy.clipping`` over ``groups``."""
+    try:
+        builder = POLICIES[privacy_cfg.clipping]
+    except KeyError:
+        raise ConfigError("privacy.clipping", f"got {privacy_cfg.clipping!r}; allowed: "
+                          f"{', '.join(POLICIES)}") from None
+    return builder(privacy_cfg, groups)

@@ -1,0 +1,138 @@
+"""Gaussian noise for the summed update (and the summed adaptive statistic), added ONCE.
+
+Threat model. The aggregator is trusted; what leaves it is the noised sum. Two modes:
+
+* research (``ResearchNoise``): every draw is a deterministic function of (seed, round, stream),
+  via a ``torch.Generator`` seeded from SHA-256 of those. Reproducible and independent of the
+  number of ranks, but anyone who knows the seed can subtract the noise: NOT a privacy guarantee
+  against an observer who knows the seed.
+* secure (``SecureNoise``): a fresh generator per draw, seeded with 64 bits from the OS CSPRNG
+  (``secrets``); refuses a seed. Against floating-point attacks on the Gaussian sampler (Mironov
+  2012; Jin et al. 2022) each sample is the sum of 2n = 4 independent N(0, std²/4) draws,
+  accumulated in float64 — the construction Opacus' secure mode uses (Holohan & Braghin 2021) —
+  so the low-order bits of a released value no longer reveal which base sample produced it.
+  Noise is never cast below float32 before release.
+
+Per-group streams (``"update/<group>"``) make a group's noise independent of dict order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from typing import Any, Mapping
+
+import torch
+
+SECURE_DRAWS = 4  # 2n with n = 2, as Opacus' secure mode
+
+
+def stream_seed(seed: int, round_: int, stream: str) -> int:
+    """63-bit generator seed derived from (seed, round, stream) by SHA-256."""
+    digest = hashlib.sha256(f"cluster_fl/noise/{seed}/{round_}/{stream}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+def _release_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a noised value is released in: the input's, never below float32."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+class NoiseSource:
+    """Gaussian noise by (round, stream). Subclasses choose how a generator is seeded."""
+
+    secure: bool = False
+
+    def _generator(self, round_: int, stream: str, device: torch.device) -> torch.Generator:
+        raise NotImplementedError
+
+    def _draws(self) -> int:
+        return 1
+
+    def gaussian(self, shape: tuple[int, ...] | torch.Size, std: float, *, round: int,
+                 stream: str, device: torch.device | str = "cpu",
+                 dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """N(0, std²) of ``shape`` in ``dtype`` promoted to ≥ float32 (generated in float64)."""
+        if not std >= 0:
+            raise ValueError(f"noise std must be >= 0, got {std}")
+        device = torch.device(device)
+        out_dtype = _release_dtype(dtype)
+        if std == 0:
+            return torch.zeros(shape, dtype=out_dtype, device=device)
+        gen = self._generator(round, stream, device)
+        k = self._draws()
+        acc = torch.zeros(shape, dtype=torch.float64, device=device)
+        for _ in range(k):
+            acc += torch.randn(shape, generator=gen, dtype=torch.float64, device=device)
+        # Σ of k standard normals has variance k: scale by std/√k
+        return (acc * (std / k ** 0.5)).to(out_dtype)
+
+    def add_noise(self, tensor: torch.Tensor, std: float, *, round: int,
+                  stream: str) -> torch.Tensor:
+        """``tensor`` + N(0, std²), returned in the tensor's dtype promoted to ≥ float32."""
+        out_dtype = _release_dtype(tensor.dtype)
+        noise = self.gaussian(tuple(tensor.shape), std, round=round, stream=stream,
+                              device=tensor.device, dtype=torch.float64)
+        return (tensor.to(torch.float64) + noise).to(out_dtype)
+
+    def add_noise_dict(self, summed: Mapping[str, torch.Tensor], std: float, *, round: int,
+                       stream: str = "update") -> dict[str, torch.Tensor]:
+        """Noise every group of a summed update, group g on stream ``f"{stream}/{g}"``."""
+        return {g: self.add_noise(t, std, round=round, stream=f"{stream}/{g}")
+                for g, t in summed.items()}
+
+
+class ResearchNoise(NoiseSource):
+    """Deterministic noise from (seed, round, stream): reproducible, not secret."""
+
+    secure = False
+
+    def __init__(self, seed: int) -> None:
+        self.seed = int(seed)
+
+    def _generator(self, round_: int, stream: str, device: torch.device) -> torch.Generator:
+        gen = torch.Generator(device=device)
+        gen.manual_seed(stream_seed(self.seed, round_, stream))
+        return gen
+
+
+class SecureNoise(NoiseSource):
+    """Noise from the OS CSPRNG, sum-of-Gaussians construction; a seed is refused."""
+
+    secure = True
+
+    def __init__(self, seed: int | None = None) -> None:
+        if seed is not None:
+            raise ValueError("secure-mode noise refuses a seed: it is drawn from the OS CSPRNG")
+
+    def _generator(self, round_: int, stream: str, device: torch.device) -> torch.Generator:
+        gen = torch.Generator(device=device)
+        gen.manual_seed(secrets.randbits(63))
+        return gen
+
+    def _draws(self) -> int:
+        return SECURE_DRAWS
+
+
+def make_noise(secure_mode: bool, seed: int | None = None) -> NoiseSource:
+    """``SecureNoise()`` when ``secure_mode`` (any seed is refused), else ``ResearchNoise(seed)``."""
+    if secure_mode:
+        return SecureNoise(seed)
+    if seed is None:
+        raise ValueError("research-mode noise needs a seed (run.seed)")
+    return ResearchNoise(seed)
+
+
+def noise_for(privacy: Any, run_seed: int) -> NoiseSource:
+    """The noise source of a run: secure (no seed passed) if ``privacy.secure_mode``, else
+    research noise from ``run.seed``."""
+    return make_noise(True) if privacy.secure_mode else make_noise(False, run_seed)
+
+
+def release_statistic(policy: Any, noise: NoiseSource, summed: torch.Tensor, *,
+                      round: int) -> torch.Tensor:
+    """The aggregator's release of an adaptive policy's summed statistic: + N(0,
+    ``policy.statistic_noise_std``²) once, on stream "statistic" (float64). This is the value
+    to pass to ``policy.update``."""
+    summed = torch.as_tensor(summed, dtype=torch.float64)
+    return noise.add_noise(summed, policy.statistic_noise_std, round=round, stream="statistic")
