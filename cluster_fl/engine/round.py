@@ -42,6 +42,11 @@ class ClientData:
     def size(self) -> int:
         return len(self.utterances)
 
+    def load(self) -> Sequence[object]:
+        """The client's usable examples (features are loaded lazily, only while it trains)."""
+        loader = getattr(self.utterances, "load", None)
+        return loader() if loader is not None else self.utterances
+
 
 @dataclass
 class RoundOutput:
@@ -112,10 +117,11 @@ class RoundEngine:
         stat_size = self.policy.statistic_size if self.private else 0
         for index in mine:
             client = self.clients[index]
-            if client.size == 0:  # no usable audio: skipped, counted
+            items = client.load()
+            if not items:  # no usable audio (none, or every row corrupt): skipped, counted
                 summer.add({"diag": self.diag.skipped()})
                 continue
-            upd: ClientUpdate = self.runner.train(index, client.utterances, state, round_)
+            upd: ClientUpdate = self.runner.train(index, items, state, round_)
             res = self.policy.clip(upd.delta) if self.private else self.diag.measure(upd.delta)
             w = 0.0 if res.nonfinite else self._weight(upd.n_samples)
             values = {k: (v * w if w != 1.0 else v) for k, v in res.update.items()}
