@@ -57,7 +57,8 @@ def _say(msg: str) -> None:
 def run(args: argparse.Namespace) -> int:
     from cluster_fl.data import make_corpus
     from cluster_fl.engine.train import run_training
-    from cluster_fl.experiments.table import render_table
+    from cluster_fl.experiments.results import find_runs
+    from cluster_fl.experiments.table import summarise, to_markdown
     from cluster_fl.training.pretrain import pretrain
 
     t0 = time.perf_counter()
@@ -95,6 +96,11 @@ def run(args: argparse.Namespace) -> int:
         _say(f"2/4 pretraining the tiny speech-LLM on the public speakers -> {ckpt}")
         pretrain(cfg)
     cfg = replace(cfg, {"model.checkpoint": str(ckpt)})
+    from cluster_fl.data import count_clients
+    population = count_clients(cfg.data)
+    if cfg.fl.clients_per_round > population:  # a reduced corpus: cohort = everyone
+        _say(f"   fl.clients_per_round {cfg.fl.clients_per_round} > {population} clients; using {population}")
+        cfg = replace(cfg, {"fl.clients_per_round": population})
 
     methods = [m for m in args.methods.split(",") if m]
     unknown = set(methods) - set(METHODS)
@@ -110,13 +116,12 @@ def run(args: argparse.Namespace) -> int:
         _say(f"3/4 [{i}/{len(methods)}] {m}: {run_cfg.fl.rounds} rounds ({state})")
         folders.append(run_training(run_cfg))
     _say("4/4 results")
-    print(render_table([str(f) for f in folders], fmt="md"))
+    print(to_markdown(summarise(find_runs(folders))))
     _say(f"done in {time.perf_counter() - t0:.0f}s; run folders under {out / 'demo'}")
     return 0
 
 
 def _manifest_line(manifest: dict) -> str:
-    totals = manifest.get("totals", {})
-    if totals:
-        return ", ".join(f"{k}: {v}" for k, v in totals.items())
-    return f"{len(manifest.get('languages', []))} languages"
+    total = manifest.get("total", {})
+    return (f"{total.get('utterances', '?')} utterances, {total.get('hours', '?')} h "
+            f"in {len(manifest.get('counts', {})) or '?'} language(s)")

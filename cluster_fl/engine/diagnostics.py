@@ -75,11 +75,14 @@ class Diagnostics:
         v[1] = 1.0
         return v
 
-    def measure(self, delta: Mapping[str, torch.Tensor]) -> Measured:
+    def measure(self, delta: Mapping[str, torch.Tensor], max_abs: float = math.inf) -> Measured:
         """Norms of an update that is not clipped (mechanism ``none``); non-finite → zero."""
         norms = {k: float(v.double().norm()) for k, v in delta.items()}
         total = math.sqrt(sum(n * n for n in norms.values()))
-        if not math.isfinite(total):
+        biggest = max((float(v.abs().max()) for v in delta.values() if v.numel()), default=0.0)
+        # a coordinate beyond the fixed-point range is a diverged client: dropped and counted
+        # like a non-finite one instead of failing the run
+        if not math.isfinite(total) or not biggest <= max_abs:
             zero = {k: torch.zeros_like(v) for k, v in delta.items()}
             return Measured(zero, norms, {"all": total}, total_norm=total, nonfinite=True)
         return Measured(dict(delta), norms, {"all": total}, {"all": False}, {"all": 1.0}, total)

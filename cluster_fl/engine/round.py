@@ -10,6 +10,7 @@ every rank then applies identically. Privacy code never sees ranks; this file ne
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
@@ -83,13 +84,20 @@ class RoundEngine:
         bounds: dict[str, float] = {g.name: c for g in self.groups}
         stat = self.policy.statistic_size if self.private else 0
         if stat:
-            shapes["stat"], bounds["stat"] = stat, float(self.policy.statistic_sensitivity)
+            shapes["stat"], bounds["stat"] = stat, self._stat_bound()
         shapes["diag"], bounds["diag"] = self.diag.size, self.diag.bound
         shapes["weight"], bounds["weight"] = 1, 1.0
         mode = mask_mode(cfg.aggregation.secure_sum, cfg.privacy.secure_mode)
         return SecureSummer(shapes, frac_bits=cfg.aggregation.fixed_point_bits,
                             max_clients=max(1, len(self.clients)), bounds=bounds, mode=mode,
                             seed=cfg.run.seed)
+
+    def _stat_bound(self) -> float:
+        """Largest |entry| of one client's adaptive statistic in the fixed-point sum. The
+        non-private variant (``adaptive_private: false``) has no bound (sensitivity inf): its raw
+        norms are clamped to ``NONPRIVATE_BOUND`` so the sum stays representable."""
+        sens = float(self.policy.statistic_sensitivity)
+        return sens if math.isfinite(sens) else NONPRIVATE_BOUND
 
     @property
     def population(self) -> int:
@@ -113,6 +121,8 @@ class RoundEngine:
         t0 = time.perf_counter()
         members, mine = self.cohort(round_)
         thresholds = self.policy.thresholds() if self.private else {}
+        if self.private:  # the run-folder format has threshold/<pool> next to threshold/<group>
+            thresholds.update(self.policy.pool_thresholds())
         summer = self.summer
         stat_size = self.policy.statistic_size if self.private else 0
         for index in mine:
@@ -122,11 +132,13 @@ class RoundEngine:
                 summer.add({"diag": self.diag.skipped()})
                 continue
             upd: ClientUpdate = self.runner.train(index, items, state, round_)
-            res = self.policy.clip(upd.delta) if self.private else self.diag.measure(upd.delta)
+            res = (self.policy.clip(upd.delta) if self.private
+                   else self.diag.measure(upd.delta, NONPRIVATE_BOUND))
             w = 0.0 if res.nonfinite else self._weight(upd.n_samples)
             values = {k: (v * w if w != 1.0 else v) for k, v in res.update.items()}
             if stat_size:
-                values["stat"] = self.policy.statistic(res).to(torch.float64)
+                b = self._stat_bound()
+                values["stat"] = self.policy.statistic(res).to(torch.float64).clamp(-b, b)
             values["diag"] = self.diag.client_vector(res, upd.loss)
             values["weight"] = torch.tensor([w], dtype=torch.float64)
             summer.add(values)

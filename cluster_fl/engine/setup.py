@@ -24,7 +24,6 @@ from cluster_fl.engine.rundir import run_dir, run_id
 from cluster_fl.engine.server import ServerOptimizer
 from cluster_fl.errors import UserError
 from cluster_fl.seeding import derive_seed
-from cluster_fl.seeding import derive_seed
 
 
 def set_threads(cfg: Config, comm: Any) -> None:
@@ -150,8 +149,8 @@ def load_clients(cfg: Config) -> tuple[Any, list[ClientData], list]:
 
 
 def build_world(cfg: Config, comm: Any, log: Callable[[str], None]) -> World:
-    from cluster_fl.models import build_model, get_trainable, trainable_groups
-    from cluster_fl.models.lora import _trainable_params
+    from cluster_fl.models import (build_model, get_trainable, trainable_groups,
+                                   trainable_parameters)
     from cluster_fl.privacy import PrivacyLedger, make_policy, noise_for
 
     store, clients, eval_examples = load_clients(cfg)
@@ -161,15 +160,12 @@ def build_world(cfg: Config, comm: Any, log: Callable[[str], None]) -> World:
                 f"{err.get('reason', err.get('error', 'unreadable'))}")
         if len(store.errors) > 20:
             log(f"... and {len(store.errors) - 20} more unusable rows")
-    # random init (tiny models, LoRA) must be the same on every rank and in a resumed process:
-    # the frozen base is never communicated, so it is seeded from the run seed alone
-    torch.manual_seed(derive_seed(cfg.run.seed, "model-init"))
     # Random init (LoRA A, and everything when no checkpoint) from (seed, "init") on every rank,
     # so all ranks -- and a 1-rank run -- start from the same global state.
     torch.manual_seed(derive_seed(cfg.run.seed, "init"))
     model = build_model(cfg.model)
     groups = trainable_groups(model)
-    params = dict(_trainable_params(model))
+    params = trainable_parameters(model)
     state = get_trainable(model)
     private = cfg.privacy.mechanism == "gaussian"
     policy = make_policy(cfg.privacy, groups) if private else None

@@ -1,0 +1,180 @@
+"""Building a :class:`SpeechLLM` from a registry entry: random-init tiny variants from configs,
+real variants with ``from_pretrained(local_files_only=True)`` (never downloads), and weightless
+skeletons on the meta device for sizing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from cluster_fl.config import ModelConfig
+from cluster_fl.errors import UserError
+from cluster_fl.models.registry import ArchSpec, get_arch
+from cluster_fl.models.speech_llm import SpeechLLM, StackConnector, VoxtralConnector
+from cluster_fl.models.tokenizer import CharTokenizer, HFTokenizer, Tokenizer
+
+log = logging.getLogger(__name__)
+
+
+def _quiet_transformers() -> contextlib.AbstractContextManager:
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+
+    @contextlib.contextmanager
+    def ctx():
+        hf_logging.set_verbosity_error()
+        try:
+            yield
+        finally:
+            hf_logging.set_verbosity(level)
+    return ctx()
+
+
+def _local_config(path: str | None) -> dict[str, Any] | None:
+    """A local config.json's contents (cheap dimension source), or None."""
+    if path is None:
+        return None
+    p = Path(path).expanduser() / "config.json"
+    if p.is_file():
+        import json
+        return json.loads(p.read_text())
+    return None
+
+
+def _configs(spec: ArchSpec, vocab_size: int | None, model_cfg: ModelConfig):
+    """(encoder config, decoder LlamaConfig) from the registry, overridden by local config.json."""
+    from transformers import LlamaConfig, VoxtralEncoderConfig, WhisperConfig
+
+    enc_kw, dec_kw = dict(spec.encoder), dict(spec.decoder)
+    if not spec.tiny:
+        local_enc, local_dec = (_local_config(model_cfg.encoder_path),
+                                _local_config(model_cfg.decoder_path))
+        if spec.family == "voxtral" and local_dec is not None:
+            local_enc, local_dec = local_dec.get("audio_config"), local_dec.get("text_config")
+        if local_enc is not None:
+            enc_kw = {k: local_enc[k] for k in
+                      ("d_model", "encoder_layers", "encoder_attention_heads",
+                       "encoder_ffn_dim", "num_mel_bins", "max_source_positions",
+                       "hidden_size", "num_hidden_layers", "num_attention_heads",
+                       "intermediate_size") if k in local_enc}
+        if local_dec is not None:
+            dec_kw = {k: v for k, v in local_dec.items() if k in LlamaConfig().to_dict()
+                      and k not in ("architectures", "model_type", "transformers_version")}
+    if vocab_size is not None:
+        dec_kw["vocab_size"] = vocab_size
+    if spec.family == "voxtral":
+        keys = {"d_model": "hidden_size", "encoder_layers": "num_hidden_layers",
+                "encoder_attention_heads": "num_attention_heads",
+                "encoder_ffn_dim": "intermediate_size"}
+        enc_kw = {keys.get(k, k): v for k, v in enc_kw.items()}
+        enc_cfg = VoxtralEncoderConfig(**enc_kw)
+    else:
+        enc_cfg = WhisperConfig(**enc_kw, decoder_layers=1, vocab_size=8, pad_token_id=0,
+                                bos_token_id=1, eos_token_id=2, decoder_start_token_id=1)
+    return enc_cfg, LlamaConfig(**dec_kw)
+
+
+def _tokenizer_for(spec: ArchSpec, model_cfg: ModelConfig) -> Tokenizer:
+    if spec.tokenizer == "char":
+        return CharTokenizer()
+    path = model_cfg.tokenizer_path or model_cfg.decoder_path
+    if path is None:
+        raise UserError(f"model.arch {spec.name}: set model.decoder_path (and optionally "
+                        "model.tokenizer_path) to a local checkpoint; nothing is downloaded")
+    try:
+        return HFTokenizer(path)
+    except (OSError, ValueError) as exc:
+        raise UserError(f"model.arch {spec.name}: cannot load the tokenizer at {path} "
+                        f"({exc.__class__.__name__}); nothing is downloaded") from None
+
+
+def _assemble(spec: ArchSpec, enc_cfg, dec_cfg, tokenizer: Tokenizer,
+              with_ctc: bool) -> SpeechLLM:
+    """Random-init modules of the right shapes (also used on the meta device)."""
+    from transformers import (LlamaForCausalLM, VoxtralConfig, VoxtralForConditionalGeneration)
+    from transformers.models.whisper.modeling_whisper import WhisperEncoder
+
+    if spec.family == "voxtral":
+        vox = VoxtralForConditionalGeneration(VoxtralConfig(
+            audio_config=enc_cfg.to_dict(), text_config=dec_cfg.to_dict()))
+        encoder = vox.model.audio_tower
+        stack = enc_cfg.intermediate_size // enc_cfg.hidden_size
+        connector = VoxtralConnector(stack, vox.model.multi_modal_projector)
+        decoder = _shell(vox)
+        d_enc = enc_cfg.hidden_size
+    else:
+        encoder = WhisperEncoder(enc_cfg)
+        decoder = LlamaForCausalLM(dec_cfg)
+        connector = StackConnector(spec.stack, enc_cfg.d_model, dec_cfg.hidden_size)
+        d_enc = enc_cfg.d_model
+    ctc = nn.Linear(d_enc, len(tokenizer)) if with_ctc else None
+    return SpeechLLM(spec.name, encoder, connector, decoder, tokenizer, ctc)
+
+
+def build_base(model_cfg: ModelConfig, tokenizer: Tokenizer | None = None) -> SpeechLLM:
+    """The architecture without LoRA: random init (tiny) or pretrained weights (real)."""
+    spec = get_arch(model_cfg.arch)
+    tokenizer = tokenizer or _tokenizer_for(spec, model_cfg)
+    with _quiet_transformers():
+        if spec.tiny:
+            enc_cfg, dec_cfg = _configs(spec, len(tokenizer), model_cfg)
+            model = _assemble(spec, enc_cfg, dec_cfg, tokenizer, with_ctc=True)
+            model.reset_positions()
+            return model
+        return _load_real(spec, model_cfg, tokenizer)
+
+
+def _load_real(spec: ArchSpec, model_cfg: ModelConfig, tokenizer: Tokenizer) -> SpeechLLM:
+    from transformers import (LlamaForCausalLM, VoxtralForConditionalGeneration, WhisperModel)
+
+    def need(path: str | None, key: str) -> str:
+        if path is None:
+            raise UserError(f"model.arch {spec.name} needs {key} (a local path or HF-cache name; "
+                            f"e.g. {spec.defaults.get(key.split('.')[-1].split('_')[0], '?')})")
+        return path
+
+    try:
+        if spec.family == "voxtral":
+            path = need(model_cfg.decoder_path or model_cfg.encoder_path, "model.decoder_path")
+            vox = VoxtralForConditionalGeneration.from_pretrained(path, local_files_only=True)
+            cfg = vox.config
+            connector = VoxtralConnector(
+                cfg.audio_config.intermediate_size // cfg.audio_config.hidden_size,
+                vox.model.multi_modal_projector)
+            decoder = _shell(vox)
+            return SpeechLLM(spec.name, vox.model.audio_tower, connector, decoder, tokenizer)
+        encoder = WhisperModel.from_pretrained(
+            need(model_cfg.encoder_path, "model.encoder_path"), local_files_only=True).encoder
+        decoder = LlamaForCausalLM.from_pretrained(
+            need(model_cfg.decoder_path, "model.decoder_path"), local_files_only=True)
+    except OSError as exc:
+        raise UserError(f"model.arch {spec.name}: cannot load local weights ({exc})") from None
+    connector = StackConnector(spec.stack, encoder.config.d_model, decoder.config.hidden_size)
+    return SpeechLLM(spec.name, encoder, connector, decoder, tokenizer)
+
+
+def _shell(vox: nn.Module) -> nn.Module:
+    """A LlamaForCausalLM-shaped holder of Voxtral's LM and head, built without new weights."""
+    from transformers import LlamaForCausalLM
+
+    with torch.device("meta"):
+        shell = LlamaForCausalLM(vox.config.text_config)
+    shell.model, shell.lm_head = vox.model.language_model, vox.lm_head
+    return shell
+
+
+def build_skeleton(model_cfg: ModelConfig) -> SpeechLLM:
+    """The architecture on the meta device (shapes only, no memory, no weights read)."""
+    spec = get_arch(model_cfg.arch)
+    vocab = len(CharTokenizer()) if spec.tokenizer == "char" else None
+    tokenizer = CharTokenizer()  # only its size matters for the (tiny-only) CTC head
+    with _quiet_transformers(), torch.device("meta"):
+        enc_cfg, dec_cfg = _configs(spec, vocab, model_cfg)
+        return _assemble(spec, enc_cfg, dec_cfg, tokenizer, with_ctc=spec.tiny)

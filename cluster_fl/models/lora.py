@@ -1,0 +1,96 @@
+"""LoRA adaptation (PEFT) and the trainable-group view the engine and privacy core use.
+
+LoRA goes on q/k/v of every encoder and decoder attention layer; the connector is trained fully;
+everything else is frozen. Module patterns are anchored at ``encoder.`` and ``decoder.model.``,
+so Voxtral's audio tower and LM are separated even though their layers share names. A
+frozen-encoder model gets no encoder LoRA at all (not merely zero-lr LoRA), so it lists no
+encoder groups.
+
+Groups are one per LoRA A / B matrix and per connector weight / bias, named after the parameter
+(``decoder.model.layers.0.self_attn.q_proj.lora_A``), in module order, which is stable for a
+given architecture and config.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from cluster_fl.config import ModelConfig
+from cluster_fl.groups import GroupSpec, groups_from_layout
+
+_QKV = r"self_attn\.(q_proj|k_proj|v_proj)"
+ENCODER_PATTERN = rf"encoder\.layers\.\d+\.{_QKV}"
+DECODER_PATTERN = rf"decoder\.model\.layers\.\d+\.{_QKV}"
+_ADAPTER = "default"
+
+
+def lora_pattern(freeze_encoder: bool) -> str:
+    """PEFT ``target_modules`` regex (full match) for the encoder and/or decoder q/k/v."""
+    return DECODER_PATTERN if freeze_encoder else f"({ENCODER_PATTERN})|({DECODER_PATTERN})"
+
+
+def apply_lora(model: nn.Module, model_cfg: ModelConfig) -> nn.Module:
+    """Inject LoRA in place and set ``requires_grad``: LoRA + connector train, the rest is frozen."""
+    from peft import LoraConfig, inject_adapter_in_model
+
+    for p in model.parameters():
+        p.requires_grad_(False)
+    config = LoraConfig(r=model_cfg.lora_rank, lora_alpha=model_cfg.lora_alpha,
+                        lora_dropout=model_cfg.lora_dropout,
+                        target_modules=lora_pattern(model_cfg.freeze_encoder), bias="none")
+    inject_adapter_in_model(config, model, adapter_name=_ADAPTER)
+    for name, p in model.named_parameters():
+        p.requires_grad_(".lora_" in name or name.startswith("connector."))
+    model.lora = {"rank": model_cfg.lora_rank, "alpha": model_cfg.lora_alpha,
+                  "dropout": model_cfg.lora_dropout, "freeze_encoder": model_cfg.freeze_encoder}
+    return model
+
+
+def _group_name(param_name: str) -> str:
+    # "...q_proj.lora_A.default.weight" -> "...q_proj.lora_A"; connector names stay as they are.
+    return param_name.replace(f".{_ADAPTER}.weight", "")
+
+
+def _trainable_params(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    out = []
+    for name, p in model.named_parameters():
+        if p.requires_grad and (".lora_" in name or name.startswith("connector.")):
+            out.append((_group_name(name), p))
+    return out
+
+
+def trainable_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
+    """The live trainable parameters keyed by group name (for optimisers and in-place updates)."""
+    return dict(_trainable_params(model))
+
+
+def trainable_groups(model: nn.Module) -> list[GroupSpec]:
+    """The trainable groups in stable order, with component and parameter count."""
+    return [GroupSpec(name, name.split(".", 1)[0], p.numel(), tuple(p.shape))
+            for name, p in _trainable_params(model)]
+
+
+def get_trainable(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Detached copies of the trainable tensors keyed by group name."""
+    return {name: p.detach().clone() for name, p in _trainable_params(model)}
+
+
+def set_trainable(model: nn.Module, values: dict[str, torch.Tensor]) -> None:
+    """Copy ``values`` (keyed by group name; all groups required) into the model in place."""
+    params = dict(_trainable_params(model))
+    missing, extra = set(params) - set(values), set(values) - set(params)
+    if missing or extra:
+        raise KeyError(f"set_trainable: missing {sorted(missing)[:3]}, unknown {sorted(extra)[:3]}")
+    with torch.no_grad():
+        for name, p in params.items():
+            p.copy_(values[name].to(device=p.device, dtype=p.dtype))
+
+
+def describe_groups(model_cfg: ModelConfig) -> list[GroupSpec]:
+    """Trainable groups without weights: ``model.layout`` if given, else a meta-device skeleton."""
+    if model_cfg.layout is not None:
+        return groups_from_layout(model_cfg.layout)
+    from cluster_fl.models.build import build_skeleton
+
+    return trainable_groups(apply_lora(build_skeleton(model_cfg), model_cfg))

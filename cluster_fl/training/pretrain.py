@@ -1,0 +1,217 @@
+"""``cluster-fl pretrain CONFIG``: central training of a tiny speech-LLM on the PUBLIC speakers.
+
+This is the stand-in for pretrained Whisper / TinyLlama weights: all weights train (no LoRA),
+with an auxiliary CTC loss on the encoder (weight ``pretrain.ctc_weight``), AdamW, linear
+warm-up then cosine decay over the budget (steps or wall-clock minutes, whichever ends first).
+A few public speakers per language are held out to report WER while training. The checkpoint
+(+ tokenizer) is written atomically to ``pretrain.out``; federated runs start from it through
+``model.checkpoint``. A finished checkpoint is reused unless ``--force``; an unfinished one is
+resumed (weights, optimiser state and step count).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from cluster_fl.config import Config, load_config
+from cluster_fl.errors import UserError
+from cluster_fl.eval.evaluate import evaluate
+from cluster_fl.models.build import build_base
+from cluster_fl.models.checkpoint import load_checkpoint, read_meta, save_checkpoint
+from cluster_fl.models.registry import get_arch
+from cluster_fl.models.speech_llm import SpeechLLM, collate
+
+
+def split_heldout(examples: Sequence[Any], per_language: int, seed: int
+                  ) -> tuple[list[Any], list[Any]]:
+    """(train, held-out): ``per_language`` speakers of each language go to held-out (seeded)."""
+    speakers: dict[str, set[str]] = {}
+    for e in examples:
+        speakers.setdefault(e.language, set()).add(e.speaker)
+    rng = np.random.default_rng(seed)
+    held: set[str] = set()
+    for lang in sorted(speakers):
+        names = sorted(speakers[lang])
+        if len(names) <= per_language:
+            raise UserError(f"pretrain: language {lang} has {len(names)} public speakers; "
+                            f"cannot hold out {per_language}")
+        held.update(rng.choice(names, size=per_language, replace=False).tolist())
+    return ([e for e in examples if e.speaker not in held],
+            [e for e in examples if e.speaker in held])
+
+
+def batch_order(lengths: Sequence[int], batch_size: int, rng: np.random.Generator
+                ) -> list[list[int]]:
+    """One epoch of batches: shuffle, sort by length inside windows of 50 batches (less padding),
+    then shuffle the batches."""
+    perm = rng.permutation(len(lengths))
+    window = 50 * batch_size
+    batches = []
+    for start in range(0, len(perm), window):
+        chunk = sorted(perm[start:start + window].tolist(), key=lambda i: lengths[i])
+        batches += [chunk[i:i + batch_size] for i in range(0, len(chunk), batch_size)]
+    return [batches[i] for i in rng.permutation(len(batches))]
+
+
+def _lr_factor(step: int, progress: float, warmup: int) -> float:
+    if step < warmup:
+        return (step + 1) / warmup
+    return 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
+
+
+def train(model: SpeechLLM, examples: Sequence[Any], *, lr: float, batch_size: int,
+          ctc_weight: float, steps: int = 0, minutes: float = 0.0, warmup_steps: int = 0,
+          seed: int = 0, eval_every: int = 0, on_eval: Callable[[int, float], None] | None = None,
+          optimizer: torch.optim.Optimizer | None = None, start_step: int = 0,
+          start_elapsed: float = 0.0, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Train all weights of ``model`` on ``examples``; returns step, elapsed_s, losses, optimizer.
+
+    Stops after ``steps`` (if > 0) or ``minutes`` of wall clock (if > 0), whichever comes first.
+    ``on_eval(step, elapsed)`` runs every ``eval_every`` steps (its time counts in the budget).
+    """
+    if steps <= 0 and minutes <= 0:
+        raise ValueError("train: give steps or minutes")
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = optimizer or torch.optim.AdamW(params, lr=lr, weight_decay=0.01)
+    for group in opt.param_groups:
+        group.setdefault("initial_lr", lr)
+    lengths = [e.features.shape[-1] for e in examples]
+    rng = np.random.default_rng(seed + start_step)  # a resumed run continues a fresh shuffle
+    budget_s = minutes * 60.0
+    began = time.monotonic() - start_elapsed
+    step, losses, queue = start_step, [], []
+    while True:
+        elapsed = time.monotonic() - began
+        progress = max(step / steps if steps else 0.0, elapsed / budget_s if budget_s else 0.0)
+        if progress >= 1.0:
+            break
+        if not queue:
+            queue = batch_order(lengths, batch_size, rng)
+        idx = queue.pop()
+        batch = collate([examples[i].features for i in idx], [examples[i].transcript for i in idx],
+                        [examples[i].language for i in idx])
+        for group in opt.param_groups:
+            group["lr"] = lr * _lr_factor(step, progress, warmup_steps)
+        loss, _ = model.loss(batch, ctc_weight=ctc_weight)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        losses.append(float(loss.detach()))
+        step += 1
+        if step % 50 == 0:
+            log(f"step {step:6d}  {elapsed / 60:5.1f} min  loss {np.mean(losses[-50:]):.3f}  "
+                f"lr {opt.param_groups[0]['lr']:.2e}")
+        if eval_every and on_eval is not None and step % eval_every == 0:
+            on_eval(step, time.monotonic() - began)
+            model.train()
+    return {"step": step, "elapsed_s": time.monotonic() - began, "losses": losses,
+            "optimizer": opt}
+
+
+def _load_public(cfg: Config) -> list[Any]:
+    from cluster_fl.data import FeatureStore  # the data package owns corpus reading and features
+
+    store = FeatureStore.from_config(cfg.data)
+    examples = store.split("public", languages=list(cfg.data.languages))
+    if not examples:
+        raise UserError(f"pretrain: no public utterances under {cfg.data.corpus}; "
+                        "run `cluster-fl make-corpus` first")
+    return examples
+
+
+def pretrain(cfg: Config, examples: Sequence[Any] | None = None, force: bool = False,
+             log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Pretrain ``cfg.model.arch`` on the public speakers and save to ``cfg.pretrain.out``.
+
+    Returns ``{"out", "step", "elapsed_s", "wer", "history", "cached"}``.
+    """
+    pc = cfg.pretrain
+    out = Path(pc.out).expanduser()
+    if not get_arch(cfg.model.arch).tiny:
+        raise UserError(f"pretrain trains tiny models; model.arch is {cfg.model.arch!r}")
+    if (out / "meta.json").is_file() and read_meta(out).get("done") and not force:
+        meta = read_meta(out)
+        log(f"pretrained checkpoint found at {out} (WER {meta.get('wer')}); use --force to redo")
+        return {"out": str(out), "step": meta.get("step"), "elapsed_s": meta.get("elapsed_s"),
+                "wer": meta.get("wer"), "history": meta.get("history", []), "cached": True}
+    torch.manual_seed(cfg.run.seed)
+    examples = list(examples) if examples is not None else _load_public(cfg)
+    train_set, heldout = split_heldout(examples, pc.heldout_speakers, cfg.run.seed)
+    if pc.eval_utterances and len(heldout) > pc.eval_utterances:
+        pick = np.random.default_rng(cfg.run.seed).choice(len(heldout), pc.eval_utterances,
+                                                           replace=False)
+        heldout = [heldout[i] for i in sorted(pick)]
+    log(f"pretrain {cfg.model.arch}: {len(train_set)} train / {len(heldout)} held-out utterances")
+
+    start_step, start_elapsed, history, opt_state = 0, 0.0, [], None
+    if (out / "meta.json").is_file() and not force and (out / "train_state.pt").is_file():
+        model = load_checkpoint(out)
+        state = torch.load(out / "train_state.pt", weights_only=False)
+        start_step, start_elapsed = state["step"], state["elapsed_s"]
+        history, opt_state = state["history"], state["optimizer"]
+        log(f"resuming from step {start_step} ({start_elapsed / 60:.1f} min)")
+    else:
+        model = build_base(cfg.model)
+    for p in model.parameters():
+        p.requires_grad_(True)
+    model.encoder.embed_positions.weight.requires_grad_(False)  # fixed sinusoids
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=pc.lr,
+                            weight_decay=0.01)
+    if opt_state is not None:
+        opt.load_state_dict(opt_state)
+
+    def checkpoint(step: int, elapsed: float, done: bool) -> float:
+        if history and history[-1]["step"] == step:  # evaluated at this step already
+            wer = history[-1]["wer"]
+        else:
+            wer = float("nan")
+            if heldout:
+                summary, _ = evaluate(model, heldout, batch_size=cfg.eval.batch_size,
+                                      max_new_tokens=cfg.eval.max_new_tokens, bootstrap=0)
+                wer = summary["wer"]
+            history.append({"step": step, "elapsed_s": round(elapsed, 1), "wer": wer})
+            log(f"step {step:6d}  {elapsed / 60:5.1f} min  held-out WER {wer:.3f}")
+        save_checkpoint(model, model.tokenizer, out, extra={
+            "done": done, "step": step, "elapsed_s": elapsed, "wer": wer, "history": history})
+        tmp = out / "train_state.pt.tmp"
+        torch.save({"step": step, "elapsed_s": elapsed, "history": history,
+                    "optimizer": opt.state_dict()}, tmp)
+        os.replace(tmp, out / "train_state.pt")
+        return wer
+
+    result = train(model, train_set, lr=pc.lr, batch_size=pc.batch_size,
+                   ctc_weight=pc.ctc_weight, steps=pc.steps, minutes=pc.minutes,
+                   warmup_steps=pc.warmup_steps, seed=cfg.run.seed, eval_every=pc.eval_every,
+                   on_eval=lambda s, e: checkpoint(s, e, False), optimizer=opt,
+                   start_step=start_step, start_elapsed=start_elapsed, log=log)
+    wer = checkpoint(result["step"], result["elapsed_s"], True)
+    return {"out": str(out), "step": result["step"], "elapsed_s": result["elapsed_s"],
+            "wer": wer, "history": history, "cached": False}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``CONFIG [key=value ...] [--force]``."""
+    from cluster_fl.cli import add_config_arguments
+
+    add_config_arguments(parser)
+    parser.add_argument("--force", action="store_true",
+                        help="retrain even if a finished checkpoint exists")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Entry point of ``cluster-fl pretrain``."""
+    cfg = load_config(args.config, args.overrides)
+    torch.set_num_threads(cfg.run.threads or (os.cpu_count() or 1))
+    result = pretrain(cfg, force=args.force)
+    print(f"checkpoint: {result['out']}  (step {result['step']}, held-out WER {result['wer']:.3f})")
+    return 0
