@@ -1,0 +1,74 @@
+"""Benchmark: held-out WER of the tiny speech-LLM after central pretraining on a CPU budget.
+
+Goal (issue 3): WER <= 0.25 on held-out public speakers within 15 minutes on 2 CPU cores.
+Builds the default synthetic corpus if missing, pretrains with ``configs/pretrain.yaml`` plus
+overrides, and writes a JSON record with the WER history (step, minutes, WER), the thread count
+and the machine load seen during the run, so a result can be read against its conditions.
+
+    python bench/pretrain_wer.py --corpus /tmp/corpus --minutes 15 --threads 2 --out /tmp/pre
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--corpus", default="~/.cache/cluster_fl/corpus")
+    parser.add_argument("--minutes", type=float, default=15.0)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--eval-every", type=int, default=250, help="steps between WER checks")
+    parser.add_argument("--out", default="/tmp/cluster_fl_bench/pretrain")
+    parser.add_argument("--json", default=None, help="write the record here (default: stdout)")
+    parser.add_argument("overrides", nargs="*", metavar="key=value")
+    args = parser.parse_args()
+
+    import torch
+
+    from cluster_fl.config import load_config
+    from cluster_fl.data import make_corpus
+    from cluster_fl.training.pretrain import pretrain
+
+    corpus = Path(args.corpus).expanduser()
+    began = time.monotonic()
+    if not (corpus / "manifest.json").is_file():
+        make_corpus(corpus, progress=False)
+    corpus_s = time.monotonic() - began
+    torch.set_num_threads(args.threads)
+    cfg = load_config(REPO / "configs" / "pretrain.yaml", [
+        f"data.corpus={corpus}", f"pretrain.minutes={args.minutes}",
+        f"pretrain.eval_every={args.eval_every}", f"pretrain.out={args.out}",
+        f"run.threads={args.threads}", *args.overrides])
+    loads: list[float] = []
+
+    def log(line: str) -> None:
+        loads.append(os.getloadavg()[0])
+        print(line, flush=True)
+
+    result = pretrain(cfg, force=True, log=log)
+    record = {
+        "goal": "held-out WER <= 0.25 within 15 min on 2 CPU cores",
+        "minutes_budget": args.minutes, "threads": args.threads, "cpu_count": os.cpu_count(),
+        "load_avg_1min_mean": round(sum(loads) / max(len(loads), 1), 2),
+        "load_avg_1min_max": round(max(loads, default=0.0), 2),
+        "corpus_build_s": round(corpus_s, 1), "steps": result["step"],
+        "train_s": round(result["elapsed_s"], 1), "final_wer": result["wer"],
+        "history": result["history"], "checkpoint": result["out"],
+        "met_goal": bool(result["wer"] <= 0.25 and result["elapsed_s"] <= 15 * 60 + 1),
+    }
+    text = json.dumps(record, indent=1)
+    if args.json:
+        Path(args.json).write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,104 @@
+"""The character tokenizer covers the corpus vocabulary; a short pretraining run lowers the loss."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from cluster_fl.config import ModelConfig, load_config
+from cluster_fl.data.vocab import LANGUAGES, NUMBERS, WORDS
+from cluster_fl.models import CharTokenizer, build_base, load_checkpoint, load_tokenizer
+from cluster_fl.training.pretrain import batch_order, pretrain, split_heldout, train
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_char_tokenizer_covers_every_corpus_word_and_round_trips(tmp_path):
+    tok = CharTokenizer()
+    for lang in LANGUAGES:
+        for word in WORDS[lang] + NUMBERS[lang]:
+            ids = tok.encode(word)
+            assert tok.unk_id not in ids, (lang, word)
+            assert tok.decode(ids) == word
+        assert len(tok.prompt_ids(lang)) == 2  # bos + language tag
+    tok.save(tmp_path)
+    again = load_tokenizer(tmp_path)
+    assert again.symbols == tok.symbols and again.encode("żółć dwa") == tok.encode("żółć dwa")
+    assert tok.decode([tok.bos_id, *tok.encode("a b"), tok.eos_id]) == "a b"
+
+
+def test_heldout_split_is_speaker_disjoint_and_per_language(make_examples):
+    ex = make_examples(16)
+    train_set, held = split_heldout(ex, 1, seed=0)
+    assert {e.speaker for e in train_set}.isdisjoint({e.speaker for e in held})
+    assert sorted({e.language for e in held}) == sorted({e.language for e in ex})
+    assert split_heldout(ex, 1, seed=0)[1] == held  # deterministic
+
+
+def test_batch_order_covers_each_example_once():
+    order = batch_order([5, 1, 9, 3, 7, 2, 8], 3, np.random.default_rng(0))
+    assert sorted(i for b in order for i in b) == list(range(7))
+
+
+def test_short_pretraining_lowers_the_loss(utterances):
+    torch.manual_seed(0)
+    model = build_base(ModelConfig())
+    ex = utterances[:8]
+    result = train(model, ex, lr=3e-3, batch_size=4, ctc_weight=0.5, steps=30, seed=0,
+                   log=lambda s: None)
+    losses = result["losses"]
+    assert result["step"] == 30
+    assert np.mean(losses[-5:]) < 0.7 * np.mean(losses[:5])
+
+
+def test_pretrain_command_saves_a_checkpoint_and_reuses_it(tmp_path, tiny_corpus):
+    cfg = load_config(None, [f"pretrain.out={tmp_path / 'pre'}", "pretrain.steps=3",
+                             f"data.corpus={tiny_corpus}", "data.languages=[en, de, fr]",
+                             f"data.feature_cache={tmp_path / 'features'}",
+                             "pretrain.minutes=0", "pretrain.heldout_speakers=1",
+                             "pretrain.eval_every=0", "pretrain.batch_size=4",
+                             "eval.max_new_tokens=4"])
+    logs: list[str] = []
+    first = pretrain(cfg, log=logs.append)  # reads the public split through the data package
+    assert first["step"] == 3 and not first["cached"] and 0.0 <= first["wer"]
+    model = load_checkpoint(tmp_path / "pre")
+    assert model.ctc_head is not None
+    second = pretrain(cfg, log=logs.append)
+    assert second["cached"] and second["step"] == 3
+    with pytest.raises(Exception, match="pretrain"):
+        load_config(None, ["pretrain.steps=0", "pretrain.minutes=0"])
+
+
+def test_unfinished_pretraining_resumes_from_its_step(tmp_path, tiny_corpus):
+    import json
+
+    base = [f"pretrain.out={tmp_path / 'pre'}", "pretrain.minutes=0", "pretrain.eval_every=0",
+            "pretrain.heldout_speakers=1", "pretrain.batch_size=4", "pretrain.eval_utterances=3",
+            f"data.corpus={tiny_corpus}", "data.languages=[en, de, fr]",
+            f"data.feature_cache={tmp_path / 'features'}", "eval.max_new_tokens=2"]
+    pretrain(load_config(None, base + ["pretrain.steps=2"]), log=lambda s: None)
+    meta_path = tmp_path / "pre" / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta["done"] = False  # as if the process had been killed after its last checkpoint
+    meta_path.write_text(json.dumps(meta))
+    logs: list[str] = []
+    result = pretrain(load_config(None, base + ["pretrain.steps=4"]), log=logs.append)
+    assert any("resuming from step 2" in line for line in logs)
+    assert result["step"] == 4 and json.loads(meta_path.read_text())["done"]
+
+
+def test_cli_pretrain_runs_and_bad_keys_exit_2(tmp_path, tiny_corpus, capsys):
+    from cluster_fl.cli import main
+
+    args = ["pretrain", str(REPO / "configs" / "pretrain.yaml"), f"pretrain.out={tmp_path / 'p'}",
+            "pretrain.steps=1", "pretrain.minutes=0", "pretrain.heldout_speakers=1",
+            "pretrain.eval_utterances=2", "eval.max_new_tokens=2", "run.threads=1",
+            f"data.corpus={tiny_corpus}", "data.languages=[en, de, fr]",
+            f"data.feature_cache={tmp_path / 'f'}"]
+    assert main(args) == 0
+    assert (tmp_path / "p" / "model.pt").is_file() and "checkpoint:" in capsys.readouterr().out
+    assert main(args + ["pretrain.lr=-1"]) == 2
+    assert "pretrain.lr" in capsys.readouterr().err
