@@ -90,11 +90,10 @@ def run(args: argparse.Namespace) -> int:
     manifest = make_corpus(corpus, languages=langs, seed=cfg.run.seed, **kwargs)
     _say(f"   corpus ready: {_manifest_line(manifest)}")
 
-    if (ckpt / "meta.json").is_file() or (ckpt / "config.json").is_file():
-        _say(f"2/4 pretrained tiny model found in cache: {ckpt}")
-    else:
-        _say(f"2/4 pretraining the tiny speech-LLM on the public speakers -> {ckpt}")
-        pretrain(cfg)
+    _say(f"2/4 tiny speech-LLM pretrained on the public speakers -> {ckpt}")
+    result = pretrain(cfg, log=lambda m: _say("   " + m))  # returns at once when cached
+    _say(f"   pretrained: {result.get('step')} steps, held-out public WER {result.get('wer')}"
+         + (" (cached)" if result.get("cached") else ""))
     cfg = replace(cfg, {"model.checkpoint": str(ckpt)})
     from cluster_fl.data import count_clients
     population = count_clients(cfg.data)
