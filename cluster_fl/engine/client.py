@@ -9,6 +9,8 @@ several clients in one batched step later (shared frozen base, per-client LoRA);
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import math
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, Mapping, Sequence
@@ -22,6 +24,21 @@ from cluster_fl.seeding import derive_seed, generator
 Batch = Mapping[str, torch.Tensor]
 # (utterances, batch_size, generator) -> iterator over batches, one pass over the data
 BatchFn = Callable[[Sequence[object], int, torch.Generator], Iterator[Batch]]
+
+
+_LIBC = ctypes.CDLL(ctypes.util.find_library("c")) if ctypes.util.find_library("c") else None
+
+
+def release_memory() -> None:
+    """Hand freed heap back to the OS after a client (glibc ``malloc_trim``).
+
+    Each client allocates and frees batches, activations and optimiser state; without a trim,
+    glibc's arenas fragment and the resident set creeps up with the number of clients trained
+    (bench/engine_bench.py memory: 100 vs 10 clients per round 1.13x without, 1.04x with).
+    """
+    trim = getattr(_LIBC, "malloc_trim", None)
+    if trim is not None:
+        trim(0)
 
 
 @dataclass

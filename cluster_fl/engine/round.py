@@ -19,7 +19,7 @@ import torch
 
 from cluster_fl.config import Config
 from cluster_fl.engine import cohort as cohort_mod
-from cluster_fl.engine.client import ClientRunner, ClientUpdate
+from cluster_fl.engine.client import ClientRunner, ClientUpdate, release_memory
 from cluster_fl.engine.diagnostics import Diagnostics
 from cluster_fl.engine.server import ServerOptimizer
 from cluster_fl.groups import GroupSpec
@@ -145,6 +145,7 @@ class RoundEngine:
             if self.recorder is not None:
                 self.recorder.upload(round_, client, res, upd)
             del upd, res, values
+            release_memory()
         record = self.recorder is not None
         total = summer.reduce(self.comm, round_, record=record)
         if record:
