@@ -182,5 +182,6 @@ def run(args: argparse.Namespace) -> int:
             write_status(folder, "failed", (status or {}).get("round", 0), cfg.fl.rounds,
                          error=f"{type(exc).__name__}: {exc}")
         raise
-    print(folder)
+    if os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) == "0":
+        print(folder)
     return 0
