@@ -13,6 +13,8 @@ their results (a child's exception fails the parent with the child's traceback),
 
 from __future__ import annotations
 
+import abc
+
 import datetime
 import math
 import multiprocessing as mp
@@ -36,7 +38,7 @@ class CommError(RuntimeError):
     """A collective failed: a peer died, or did not answer within the collective timeout."""
 
 
-class Comm:
+class Comm(abc.ABC):
     """What rank code may use. ``all_reduce_sum`` and ``broadcast`` work in place and return the
     tensor; object collectives pickle. Every rank must call every collective in the same order."""
 
@@ -51,25 +53,25 @@ class Comm:
         """True on rank 0 (the rank that logs, adds noise and writes files)."""
         return self.rank == 0
 
+    @abc.abstractmethod
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         """Sum ``tensor`` over ranks, in place; returns it."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
         """Overwrite ``tensor`` on every rank with ``src``'s, in place; returns it."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def broadcast_object(self, obj: Any, src: int = 0) -> Any:
         """``src``'s picklable ``obj`` on every rank."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def all_gather_object(self, obj: Any) -> list[Any]:
         """Every rank's ``obj``, indexed by rank."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def barrier(self) -> None:
         """Wait for every rank."""
-        raise NotImplementedError
 
     def close(self) -> None:
         """Release the process group (idempotent)."""

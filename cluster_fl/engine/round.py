@@ -86,7 +86,8 @@ class RoundEngine:
         if stat:
             shapes["stat"], bounds["stat"] = stat, self._stat_bound()
         shapes["diag"], bounds["diag"] = self.diag.size, self.diag.bound
-        shapes["weight"], bounds["weight"] = 1, 1.0
+        if not self.private:  # FedAvg divides by the realised weight; DP by the public n
+            shapes["weight"], bounds["weight"] = 1, 1.0
         mode = mask_mode(cfg.aggregation.secure_sum, cfg.privacy.secure_mode)
         return SecureSummer(shapes, frac_bits=cfg.aggregation.fixed_point_bits,
                             max_clients=max(1, len(self.clients)), bounds=bounds, mode=mode,
@@ -140,7 +141,8 @@ class RoundEngine:
                 b = self._stat_bound()
                 values["stat"] = self.policy.statistic(res).to(torch.float64).clamp(-b, b)
             values["diag"] = self.diag.client_vector(res, upd.loss)
-            values["weight"] = torch.tensor([w], dtype=torch.float64)
+            if not self.private:
+                values["weight"] = torch.tensor([w], dtype=torch.float64)
             summer.add(values)
             if self.recorder is not None:
                 self.recorder.upload(round_, client, res, upd)

@@ -18,6 +18,8 @@ Per-group streams (``"update/<group>"``) make a group's noise independent of dic
 
 from __future__ import annotations
 
+import abc
+
 import hashlib
 import secrets
 from typing import Any, Mapping
@@ -38,13 +40,14 @@ def _release_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
-class NoiseSource:
+class NoiseSource(abc.ABC):
     """Gaussian noise by (round, stream). Subclasses choose how a generator is seeded."""
 
     secure: bool = False
 
+    @abc.abstractmethod
     def _generator(self, round_: int, stream: str, device: torch.device) -> torch.Generator:
-        raise NotImplementedError
+        """A generator for (round, stream): seeded deterministically or from the OS CSPRNG."""
 
     def _draws(self) -> int:
         return 1
