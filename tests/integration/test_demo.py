@@ -16,19 +16,12 @@ from pathlib import Path
 
 import pytest
 
-import cluster_fl.experiments.table as table_mod
-
-DEMO_SOURCE = (Path(__file__).resolve().parents[2] / "cluster_fl" / "engine" / "demo.py")
 METHODS = ("fedavg", "flat", "size", "alpha-split")
 REDUCED = ["--languages", "en,de", "--speakers-per-language", "3", "--pretrain-steps", "3",
            "fl.rounds=2", "fl.clients_per_round=4", "fl.max_local_steps=2", "fl.batch_size=8",
            "eval.max_utterances=4", "eval.bootstrap=10", "eval.max_new_tokens=6",
            "pretrain.eval_utterances=4", "pretrain.heldout_speakers=1", "pretrain.batch_size=4",
            "run.threads=1"]
-
-# demo.py (integrator) imports a helper the experiments table module does not (yet) provide
-_MISSING_RENDER = ("import render_table" in DEMO_SOURCE.read_text()
-                   and not hasattr(table_mod, "render_table"))
 
 
 def _demo(tmp: Path, *extra: str) -> subprocess.CompletedProcess:
@@ -38,9 +31,6 @@ def _demo(tmp: Path, *extra: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, env=env, timeout=400)
 
 
-@pytest.mark.xfail(_MISSING_RENDER, strict=True, reason=(
-    "cluster_fl/engine/demo.py imports cluster_fl.experiments.table.render_table, which does "
-    "not exist; render with find_runs + summarise + to_markdown instead"))
 def test_the_reduced_demo_runs_end_to_end_and_prints_every_method(tmp_path):
     proc = _demo(tmp_path)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -56,5 +46,6 @@ def test_the_reduced_demo_runs_end_to_end_and_prints_every_method(tmp_path):
     # cached: the second call reuses the corpus, the checkpoint and the finished runs
     again = _demo(tmp_path)
     assert again.returncode == 0, again.stderr[-4000:]
-    assert "pretrained tiny model found in cache" in again.stderr
-    assert again.stderr.count("(cached)") == len(METHODS)
+    pretrained = next(line for line in again.stderr.splitlines() if "pretrained:" in line)
+    assert pretrained.endswith("(cached)"), pretrained  # the checkpoint was reused
+    assert again.stderr.count("rounds (cached)") == len(METHODS)
