@@ -14,7 +14,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
 METHODS = ("fedavg", "flat", "size", "alpha-split")
 REDUCED = ["--languages", "en,de", "--speakers-per-language", "3", "--pretrain-steps", "3",
