@@ -46,11 +46,14 @@ class _AsLedgerSees:
 class RunLedger:
     """Steps the privacy core's ledger once per round, including the diagnostics release."""
 
-    def __init__(self, ledger: Any, policy: Any, diag: Any):
+    def __init__(self, ledger: Any, policy: Any, diag: Any, record_channels: bool = False):
         self.ledger = ledger
         self.policy = policy
         self.diag = diag
         self.private = policy is not None
+        if self.private and record_channels:
+            ledger.add_void_reason("audit.record_channels=true: per-client uploads, norms and "
+                                   "sample counts are written to channels/ in the clear")
         if self.private and diag.exact:
             ledger.add_void_reason("privacy.diagnostics=exact: exact per-client diagnostics (norms, clip "
                          "flags, losses) are released without noise")

@@ -184,7 +184,7 @@ def build_world(cfg: Config, comm: Any, log: Callable[[str], None]) -> World:
     ledger = RunLedger(PrivacyLedger(cfg.privacy, sampling_rate=q, sampling=cfg.fl.sampling,
                                      population=population,
                                      cohort_size=cfg.fl.clients_per_round),
-                       policy, engine.diag)
+                       policy, engine.diag, record_channels=cfg.audit.record_channels)
     if comm.rank == 0:
         log(f"{population} clients, q={q:.3f}, {len(groups)} trainable groups "
             f"({sum(g.numel for g in groups):,} parameters), {comm.world_size} rank(s), "

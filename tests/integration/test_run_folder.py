@@ -71,6 +71,7 @@ def test_a_finished_run_is_not_rewritten(nonprivate_run, tiny_corpus):
 @pytest.mark.parametrize("extra,reason", [
     (("privacy.diagnostics=exact",), "diagnostics"),
     (("privacy.clipping=size-ema", "privacy.adaptive_private=false"), "adaptive"),
+    (("audit.record_channels=true",), "record_channels"),
 ])
 def test_exact_diagnostics_or_a_non_private_statistic_record_guarantee_void(tiny_corpus, tmp_path,
                                                                             extra, reason):
