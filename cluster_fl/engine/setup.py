@@ -153,7 +153,7 @@ def load_clients(cfg: Config) -> tuple[Any, list[ClientData], list]:
 def build_world(cfg: Config, comm: Any, log: Callable[[str], None]) -> World:
     from cluster_fl.models import (build_model, get_trainable, trainable_groups,
                                    trainable_parameters)
-    from cluster_fl.privacy import PrivacyLedger, make_policy, noise_for
+    from cluster_fl.privacy import ledger_for, make_policy, noise_for
 
     store, clients, eval_examples = load_clients(cfg)
     if comm.rank == 0:
@@ -181,10 +181,8 @@ def build_world(cfg: Config, comm: Any, log: Callable[[str], None]) -> World:
     server = ServerOptimizer(cfg.aggregation)
     recorder = ChannelRecorder(run_dir(cfg), comm.rank) if cfg.audit.record_channels else None
     engine = RoundEngine(cfg, comm, runner, groups, clients, policy, noise, server, recorder)
-    ledger = RunLedger(PrivacyLedger(cfg.privacy, sampling_rate=q, sampling=cfg.fl.sampling,
-                                     population=population,
-                                     cohort_size=cfg.fl.clients_per_round),
-                       policy, engine.diag, record_channels=cfg.audit.record_channels)
+    ledger = RunLedger(ledger_for(cfg, population), policy,
+                       record_channels=cfg.audit.record_channels)
     if comm.rank == 0:
         log(f"{population} clients, q={q:.3f}, {len(groups)} trainable groups "
             f"({sum(g.numel for g in groups):,} parameters), {comm.world_size} rank(s), "

@@ -180,7 +180,8 @@ class PrivacyLedger:
 
     def __init__(self, privacy: PrivacyConfig, *, sampling_rate: float,
                  sampling: str = "poisson", population: int | None = None,
-                 cohort_size: int | None = None) -> None:
+                 cohort_size: int | None = None,
+                 diagnostics_noise_multiplier: float | None = None) -> None:
         self.privacy = privacy
         self.sampling_rate = float(sampling_rate)
         self.sampling = sampling
@@ -189,6 +190,9 @@ class PrivacyLedger:
         self.events: list[RoundEvent] = []
         self.pools: list[dict[str, Any]] = []
         self.void_reasons: list[str] = []
+        # σ_d of a further Gaussian release per round on the same cohort (the round engine's
+        # noised diagnostics); folded with the adaptive statistic into one event
+        self.diagnostics_noise_multiplier = diagnostics_noise_multiplier
         self._cache: dict[tuple, float] = {}
         if privacy.mechanism == "gaussian" and privacy.noise_multiplier == 0:
             self._void("privacy.noise_multiplier is 0: the update is released without noise")
@@ -238,6 +242,9 @@ class PrivacyLedger:
             if adaptive and not private:
                 self._void(f"clipping {p.clipping!r} adapts from exact, un-noised client "
                            "statistics (privacy.adaptive_private=false)")
+        z_d = self.diagnostics_noise_multiplier
+        if z_d is not None:  # one more Gaussian on the same cohort: σ_eff⁻² adds up
+            z_s = z_d if z_s is None else (z_s ** -2 + z_d ** -2) ** -0.5
         ev = RoundEvent(p.noise_multiplier, z_s, not adaptive or private, self.sampling,
                         self.sampling_rate, self.population, self.cohort_size, rounds)
         if self.events and self.events[-1].key() == ev.key():
@@ -275,6 +282,8 @@ class PrivacyLedger:
             "pools": self.pools, "guarantee": self.guarantee,
             "void_reasons": list(self.void_reasons), "mechanism": self.privacy.mechanism,
             "clipping": self.privacy.clipping, "clip_norm": self.privacy.clip_norm,
+            "diagnostics": self.privacy.diagnostics,
+            "diagnostics_noise_multiplier": self.diagnostics_noise_multiplier,
             "secure_mode": self.privacy.secure_mode,
         }
 
@@ -296,11 +305,26 @@ class PrivacyLedger:
         self.void_reasons = list(state["void_reasons"])
 
 
+def diagnostics_multiplier(privacy: PrivacyConfig) -> float | None:
+    """σ_d of the round engine's per-round diagnostics release: ``privacy.diagnostics:
+    noised`` releases bounded per-client diagnostics with this noise multiplier; ``exact``
+    (void) and non-private runs have none."""
+    if privacy.mechanism != "gaussian" or privacy.diagnostics != "noised":
+        return None
+    return float(privacy.diagnostics_noise_multiplier)
+
+
 def ledger_for(cfg: Any, population: int) -> PrivacyLedger:
-    """The ledger of a run config: q = fl.clients_per_round / population, fl.sampling."""
+    """The ledger a run of ``cfg`` records: q = fl.clients_per_round / population, fl.sampling,
+    the diagnostics release composed, exact diagnostics recorded as void."""
     m = cfg.fl.clients_per_round
     if population < 1 or m > population:
         raise UserError(f"fl.clients_per_round ({m}) must be between 1 and the number of "
                         f"clients ({population}); set privacy.population or fl.clients_per_round")
-    return PrivacyLedger(cfg.privacy, sampling_rate=m / population, sampling=cfg.fl.sampling,
-                         population=population, cohort_size=m)
+    ledger = PrivacyLedger(cfg.privacy, sampling_rate=m / population, sampling=cfg.fl.sampling,
+                           population=population, cohort_size=m,
+                           diagnostics_noise_multiplier=diagnostics_multiplier(cfg.privacy))
+    if cfg.privacy.mechanism == "gaussian" and cfg.privacy.diagnostics == "exact":
+        ledger.add_void_reason("privacy.diagnostics=exact: exact per-client diagnostics (norms, "
+                               "clip flags, losses) are released without noise")
+    return ledger

@@ -89,7 +89,12 @@ def account_report(cfg: Config) -> dict[str, Any]:
                 "statistic_noise_multiplier": (p.stat_noise_multiplier
                                                if is_adaptive(p) and p.adaptive_private
                                                else None),
+                "diagnostics_noise_multiplier": ledger.diagnostics_noise_multiplier,
                 "target_epsilon": p.target_epsilon, "noise_multiplier_for_target": None})
+    side = out["statistic_noise_multiplier"]  # every release besides the update, folded
+    z_d = ledger.diagnostics_noise_multiplier
+    if z_d is not None:
+        side = z_d if side is None else (side ** -2 + z_d ** -2) ** -0.5
     if p.target_epsilon is not None and record["guarantee"] != "none":
         if is_adaptive(p) and not p.adaptive_private:
             raise UserError("privacy.target_epsilon cannot be met: non-private adaptive "
@@ -99,7 +104,7 @@ def account_report(cfg: Config) -> dict[str, Any]:
                 p.target_epsilon, ledger.sampling_rate, cfg.fl.rounds, p.delta,
                 accountant=p.accountant, sampling=cfg.fl.sampling, population=population,
                 cohort_size=cfg.fl.clients_per_round,
-                statistic_noise_multiplier=out["statistic_noise_multiplier"])
+                statistic_noise_multiplier=side)
         except UserError as exc:  # still report ε; say why no σ reaches the target
             out["target_note"] = str(exc)
     return out

@@ -55,19 +55,29 @@ def test_account_json_contract_matches_accounting(capsys):
                 "events"):
         assert key in r
     assert r["sampling_rate"] == 16 / 1000 and r["rounds"] == 30 and r["accountant"] == "rdp"
-    assert r["epsilon"] == pytest.approx(compute_epsilon(1.0, 0.016, 30, 1e-5), rel=1e-12)
+    # the round engine's noised diagnostics (privacy.diagnostics_noise_multiplier, default 5)
+    # are a second Gaussian release per round, composed with the update
+    z_d = r["diagnostics_noise_multiplier"]
+    assert z_d == 5.0
+    assert r["epsilon"] == pytest.approx(
+        compute_epsilon(1.0, 0.016, 30, 1e-5, statistic_noise_multiplier=z_d), rel=1e-12)
+    assert r["epsilon"] > compute_epsilon(1.0, 0.016, 30, 1e-5)
     assert r["guarantee"] == "valid"
+    exact = run_json(capsys, "account", LAYOUT, "privacy.diagnostics=exact")
+    assert exact["guarantee"] == "void" and exact["epsilon"] is None
 
 
 def test_account_target_epsilon_and_adaptive_cost(capsys):
     r = run_json(capsys, "account", LAYOUT, "privacy.target_epsilon=2.0")
     sigma = r["noise_multiplier_for_target"]
-    assert sigma == pytest.approx(noise_multiplier_for_epsilon(2.0, 0.016, 30, 1e-5), rel=1e-9)
+    assert sigma == pytest.approx(noise_multiplier_for_epsilon(
+        2.0, 0.016, 30, 1e-5, statistic_noise_multiplier=5.0), rel=1e-9)
     static = run_json(capsys, "account", LAYOUT, "privacy.noise_multiplier=1.0")
     ema = run_json(capsys, "account", LAYOUT, "privacy.noise_multiplier=1.0",
                    "privacy.clipping=size-ema")
     assert ema["epsilon"] > static["epsilon"]
-    assert ema["events"][0]["statistic_noise_multiplier"] == 1.0
+    # the adaptive statistic (z_s = 1) and the diagnostics (z_d = 5) fold into one multiplier
+    assert ema["events"][0]["statistic_noise_multiplier"] == pytest.approx((1 + 5.0 ** -2) ** -0.5)
     void = run_json(capsys, "account", LAYOUT, "privacy.clipping=quantile",
                     "privacy.adaptive_private=false")
     assert void["guarantee"] == "void" and void["epsilon"] is None
