@@ -114,6 +114,16 @@ def plot_norms(runs: Sequence[Run], title: str, path: Path) -> bool:
     return True
 
 
+def _noise_note(runs: Sequence[Run]) -> str:
+    """A title suffix when the diagnostics were noised (privacy.diagnostics: noised): the plotted
+    rates and norms are then noisy by design and may leave [0, 1] or go negative."""
+    stds = [float(row.get("diag_noise_std") or 0.0) for r in runs for row in r.rounds
+            if row.get("diagnostics") == "noised"]
+    if not stds:
+        return ""
+    return f"\nnoised diagnostics (DP): ± {np.mean(stds):.2f} per rate, per round"
+
+
 def plot_flat_dynamics(runs: Sequence[Run], title: str, path: Path) -> bool:
     """Total norm (left axis), clip rate and retained ratio (right axis) over rounds."""
     rounds, total = _per_round(runs, "total_norm")
@@ -138,7 +148,7 @@ def plot_flat_dynamics(runs: Sequence[Run], title: str, path: Path) -> bool:
     lines = ax.get_legend_handles_labels()
     lines2 = right.get_legend_handles_labels()
     ax.legend(lines[0] + lines2[0], lines[1] + lines2[1], fontsize=7, loc="center right")
-    ax.set_title(title, fontsize=9)
+    ax.set_title(title + _noise_note(runs), fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -167,7 +177,7 @@ def plot_pools(runs: Sequence[Run], title: str, path: Path) -> bool:
     bottom.set_xlabel("round")
     bottom.xaxis.get_major_locator().set_params(integer=True)
     bottom.legend(fontsize=7)
-    top.set_title(title, fontsize=9)
+    top.set_title(title + _noise_note(runs), fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
