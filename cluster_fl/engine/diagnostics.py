@@ -60,9 +60,10 @@ class Diagnostics:
         if self.exact:
             self.names += [f"norm/{g.name}" for g in self.groups]
         self.size = len(self.names)
-        self.noise_std = (privacy.diagnostics_noise_multiplier * math.sqrt(self.size)
-                          if self.private and not self.exact else 0.0)
+        # one client's bounded vector has L2 norm <= sqrt(D): the release's sensitivity
         self.sensitivity = math.sqrt(self.size)
+        self.noise_std = (privacy.diagnostics_noise_multiplier * self.sensitivity
+                          if self.private and not self.exact else 0.0)
         self.bound = EXACT_BOUND if self.exact else 1.0
 
     def _bound(self, x: float, scale: float) -> float:

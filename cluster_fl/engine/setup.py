@@ -17,9 +17,9 @@ import torch
 from cluster_fl.config import Config, to_dict
 from cluster_fl.engine.client import ClientRunner
 from cluster_fl.engine.cohort import sampling_rate
+from cluster_fl.engine.ledger import RunLedger
 from cluster_fl.engine.recorder import ChannelRecorder
 from cluster_fl.engine.round import ClientData, RoundEngine
-from cluster_fl.engine.ledger import RunLedger
 from cluster_fl.engine.rundir import run_dir, run_id
 from cluster_fl.engine.server import ServerOptimizer
 from cluster_fl.errors import UserError
