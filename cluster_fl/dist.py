@@ -388,22 +388,23 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float 
     out: dict[int, Any] = {}
     deadline = time.monotonic() + timeout_s
     try:
+        def take(timeout: float) -> None:
+            """Record one rank's report (raises queue.Empty when none arrives in time)."""
+            rank, ok, value = results.get(timeout=timeout)
+            out[rank] = pickle.loads(value) if ok else RankFailure(rank, None, value)
+            if not ok and raise_on_error:
+                raise SpawnError(f"rank {rank} of {world_size} failed:\n{value}")
+
         while len(out) < world_size:
             try:
-                rank, ok, value = results.get(timeout=0.1)
-                out[rank] = pickle.loads(value) if ok else RankFailure(rank, None, value)
-                if not ok and raise_on_error:
-                    raise SpawnError(f"rank {rank} of {world_size} failed:\n{value}")
+                take(0.1)
                 continue
             except queue_mod.Empty:
                 pass
             for r, p in enumerate(procs):  # died without reporting (segfault, os._exit, OOM)
                 if r not in out and not p.is_alive() and p.exitcode is not None:
                     try:  # its report may still be in flight
-                        rank, ok, value = results.get(timeout=1.0)
-                        out[rank] = pickle.loads(value) if ok else RankFailure(rank, None, value)
-                        if not ok and raise_on_error:
-                            raise SpawnError(f"rank {rank} of {world_size} failed:\n{value}")
+                        take(1.0)
                         break
                     except queue_mod.Empty:
                         out[r] = RankFailure(r, p.exitcode, f"exited with code {p.exitcode} "

@@ -76,6 +76,15 @@ def noise_floor(sigma: float, clip: float, numel: int, n_clients: float) -> floa
     return sigma * clip * math.sqrt(numel) / max(n_clients, 1.0)
 
 
+def _save(fig, path: Path) -> bool:
+    """Lay out, write the PNG, free the figure; True = the figure was made."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    fig.clf()
+    _plt().close(fig)
+    return True
+
+
 def plot_norms(runs: Sequence[Run], title: str, path: Path) -> bool:
     """Per-group mean update norms (log scale) coloured by component, with the noise-floor band."""
     groups = runs[0].groups
@@ -108,10 +117,7 @@ def plot_norms(runs: Sequence[Run], title: str, path: Path) -> bool:
     ax.set_ylabel("mean update norm ‖Δθ_h‖₂")
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=7, loc="best")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return True
+    return _save(fig, path)
 
 
 def _noise_note(runs: Sequence[Run]) -> str:
@@ -149,10 +155,7 @@ def plot_flat_dynamics(runs: Sequence[Run], title: str, path: Path) -> bool:
     lines2 = right.get_legend_handles_labels()
     ax.legend(lines[0] + lines2[0], lines[1] + lines2[1], fontsize=7, loc="center right")
     ax.set_title(title + _noise_note(runs), fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return True
+    return _save(fig, path)
 
 
 def plot_pools(runs: Sequence[Run], title: str, path: Path) -> bool:
@@ -178,10 +181,7 @@ def plot_pools(runs: Sequence[Run], title: str, path: Path) -> bool:
     bottom.xaxis.get_major_locator().set_params(integer=True)
     bottom.legend(fontsize=7)
     top.set_title(title + _noise_note(runs), fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return True
+    return _save(fig, path)
 
 
 def plot_sigma_vs_alpha(runs: Sequence[Run], path: Path) -> bool:
@@ -205,10 +205,7 @@ def plot_sigma_vs_alpha(runs: Sequence[Run], path: Path) -> bool:
     ax.set_xlabel("α (encoder share of C²)")
     ax.set_ylabel("effective noise multiplier σ_k")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return True
+    return _save(fig, path)
 
 
 def plot_wer_vs_alpha(runs: Sequence[Run], path: Path) -> bool:
@@ -235,10 +232,7 @@ def plot_wer_vs_alpha(runs: Sequence[Run], path: Path) -> bool:
     ax.set_xlabel("α (encoder share of C²)")
     ax.set_ylabel("WER")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return True
+    return _save(fig, path)
 
 
 def make_figures(runs: Sequence[Run], out: Path) -> list[Path]:
