@@ -24,7 +24,7 @@ def main() -> int:
     parser.add_argument("--corpus", default="~/.cache/cluster_fl/corpus")
     parser.add_argument("--minutes", type=float, default=15.0)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--eval-every", type=int, default=250, help="steps between WER checks")
+    parser.add_argument("--eval-every", type=int, default=500, help="steps between WER checks")
     parser.add_argument("--out", default="/tmp/cluster_fl_bench/pretrain")
     parser.add_argument("--json", default=None, help="write the record here (default: stdout)")
     parser.add_argument("overrides", nargs="*", metavar="key=value")

@@ -413,6 +413,9 @@ class PretrainConfig:
     """Utterances per step."""
     ctc_weight: float = 0.5
     """Weight of the auxiliary CTC loss on the encoder (0 = off)."""
+    ctc_warmstart: float = 0.3
+    """Share of the budget (time or steps) that trains only the encoder on CTC, before joint
+    training (0 = joint from the start)."""
     heldout_speakers: int = 2
     """Public speakers per language held out to measure WER during pretraining."""
     eval_every: int = 500
@@ -431,6 +434,7 @@ class PretrainConfig:
         _range(self.warmup_steps, "pretrain.warmup_steps", 0, None, integer=True)
         _range(self.batch_size, "pretrain.batch_size", 1, None, integer=True)
         _range(self.ctc_weight, "pretrain.ctc_weight", 0.0, 100.0)
+        _range(self.ctc_warmstart, "pretrain.ctc_warmstart", 0.0, 1.0, hi_open=True)
         _range(self.heldout_speakers, "pretrain.heldout_speakers", 0, None, integer=True)
         _range(self.eval_every, "pretrain.eval_every", 0, None, integer=True)
         _range(self.eval_utterances, "pretrain.eval_utterances", 0, None, integer=True)

@@ -103,7 +103,8 @@ def _assemble(spec: ArchSpec, enc_cfg, dec_cfg, tokenizer: Tokenizer,
 
     if spec.family == "voxtral":
         vox = VoxtralForConditionalGeneration(VoxtralConfig(
-            audio_config=enc_cfg.to_dict(), text_config=dec_cfg.to_dict()))
+            audio_config=enc_cfg.to_dict(), text_config=dec_cfg.to_dict(),
+            attn_implementation=enc_cfg._attn_implementation))
         encoder = vox.model.audio_tower
         stack = enc_cfg.intermediate_size // enc_cfg.hidden_size
         connector = VoxtralConnector(stack, vox.model.multi_modal_projector)

@@ -3,6 +3,8 @@
 This is the stand-in for pretrained Whisper / TinyLlama weights: all weights train (no LoRA),
 with an auxiliary CTC loss on the encoder (weight ``pretrain.ctc_weight``), AdamW, linear
 warm-up then cosine decay over the budget (steps or wall-clock minutes, whichever ends first).
+The first ``pretrain.ctc_warmstart`` of the budget trains only the encoder on CTC: from random
+init the encoder is the slow part, and an encoder-only step costs ~40% of a joint one.
 A few public speakers per language are held out to report WER while training. The checkpoint
 (+ tokenizer) is written atomically to ``pretrain.out``; federated runs start from it through
 ``model.checkpoint``. A finished checkpoint is reused unless ``--force``; an unfinished one is
@@ -62,23 +64,49 @@ def batch_order(lengths: Sequence[int], batch_size: int, rng: np.random.Generato
 
 
 def _lr_factor(step: int, progress: float, warmup: int) -> float:
+    """Linear warm-up over ``warmup`` steps, then cosine decay to 10% as ``progress`` goes 0 -> 1."""
     if step < warmup:
         return (step + 1) / warmup
     return 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
 
 
+def _phase_lr_factor(step: int, progress: float, warmup: int, warmstart: float,
+                     joint_start: int | None) -> float:
+    """The learning-rate factor of a run whose first ``warmstart`` of the budget is CTC-only.
+
+    CTC phase: warm-up then constant (it hands over to a second warm-up, so decaying it would
+    only slow the encoder down). Joint phase: a fresh warm-up, since the decoder and connector
+    take their first steps there, then cosine decay over the rest of the budget.
+    """
+    if warmstart <= 0.0:
+        return _lr_factor(step, progress, warmup)
+    if joint_start is None:
+        return _lr_factor(step, 0.0, warmup)
+    return _lr_factor(step - joint_start, (progress - warmstart) / (1.0 - warmstart), warmup)
+
+
 def train(model: SpeechLLM, examples: Sequence[Any], *, lr: float, batch_size: int,
           ctc_weight: float, steps: int = 0, minutes: float = 0.0, warmup_steps: int = 0,
-          seed: int = 0, eval_every: int = 0, on_eval: Callable[[int, float], None] | None = None,
+          ctc_warmstart: float = 0.0, seed: int = 0, eval_every: int = 0,
+          on_eval: Callable[[int, float, int | None], None] | None = None,
           optimizer: torch.optim.Optimizer | None = None, start_step: int = 0,
-          start_elapsed: float = 0.0, log: Callable[[str], None] = print) -> dict[str, Any]:
+          start_elapsed: float = 0.0, joint_start: int | None = None,
+          log: Callable[[str], None] = print) -> dict[str, Any]:
     """Train all weights of ``model`` on ``examples``; returns step, elapsed_s, losses, optimizer.
 
     Stops after ``steps`` (if > 0) or ``minutes`` of wall clock (if > 0), whichever comes first.
-    ``on_eval(step, elapsed)`` runs every ``eval_every`` steps (its time counts in the budget).
+    The first ``ctc_warmstart`` of that budget trains only the encoder and its CTC head (a step
+    costs ~40% of a joint one, and the encoder is what the joint model learns slowest); the rest
+    trains everything on cross-entropy + ``ctc_weight`` x CTC. ``joint_start`` is the step at
+    which the joint phase began (None: not yet), for resuming. ``on_eval(step, elapsed, joint_start)``
+    runs every ``eval_every`` steps (its time counts in the budget).
     """
     if steps <= 0 and minutes <= 0:
         raise ValueError("train: give steps or minutes")
+    if not 0.0 <= ctc_warmstart < 1.0:
+        raise ValueError("train: ctc_warmstart must be in [0, 1)")
+    if ctc_warmstart > 0.0 and model.ctc_head is None:
+        raise ValueError("train: a CTC warm-start needs the model's CTC head")
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
     opt = optimizer or torch.optim.AdamW(params, lr=lr, weight_decay=0.01)
@@ -94,28 +122,38 @@ def train(model: SpeechLLM, examples: Sequence[Any], *, lr: float, batch_size: i
         progress = max(step / steps if steps else 0.0, elapsed / budget_s if budget_s else 0.0)
         if progress >= 1.0:
             break
+        if joint_start is None and progress >= ctc_warmstart:
+            joint_start = step
+            if ctc_warmstart > 0.0:
+                log(f"step {step:6d}  {elapsed / 60:5.1f} min  CTC warm-start done; "
+                    "training encoder, connector and decoder")
         if not queue:
             queue = batch_order(lengths, batch_size, rng)
         idx = queue.pop()
         batch = collate([examples[i].features for i in idx], [examples[i].transcript for i in idx],
                         [examples[i].language for i in idx])
         for group in opt.param_groups:
-            group["lr"] = lr * _lr_factor(step, progress, warmup_steps)
-        loss, _ = model.loss(batch, ctc_weight=ctc_weight)
+            group["lr"] = lr * _phase_lr_factor(step, progress, warmup_steps, ctc_warmstart,
+                                                joint_start)
+        if joint_start is None:
+            loss = model.ctc_loss(batch)
+        else:
+            loss, _ = model.loss(batch, ctc_weight=ctc_weight)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
+        opt.step()  # parameters without a gradient (the decoder while CTC-only) are skipped
         losses.append(float(loss.detach()))
         step += 1
         if step % 50 == 0:
-            log(f"step {step:6d}  {elapsed / 60:5.1f} min  loss {np.mean(losses[-50:]):.3f}  "
+            phase = "ctc" if joint_start is None else "loss"
+            log(f"step {step:6d}  {elapsed / 60:5.1f} min  {phase} {np.mean(losses[-50:]):.3f}  "
                 f"lr {opt.param_groups[0]['lr']:.2e}")
         if eval_every and on_eval is not None and step % eval_every == 0:
-            on_eval(step, time.monotonic() - began)
+            on_eval(step, time.monotonic() - began, joint_start)
             model.train()
     return {"step": step, "elapsed_s": time.monotonic() - began, "losses": losses,
-            "optimizer": opt}
+            "optimizer": opt, "joint_start": joint_start}
 
 
 def _load_public(cfg: Config) -> list[Any]:
@@ -153,12 +191,13 @@ def pretrain(cfg: Config, examples: Sequence[Any] | None = None, force: bool = F
         heldout = [heldout[i] for i in sorted(pick)]
     log(f"pretrain {cfg.model.arch}: {len(train_set)} train / {len(heldout)} held-out utterances")
 
-    start_step, start_elapsed, history, opt_state = 0, 0.0, [], None
+    start_step, start_elapsed, history, opt_state, joint_start = 0, 0.0, [], None, None
     if (out / "meta.json").is_file() and not force and (out / "train_state.pt").is_file():
         model = load_checkpoint(out)
         state = torch.load(out / "train_state.pt", weights_only=False)
         start_step, start_elapsed = state["step"], state["elapsed_s"]
         history, opt_state = state["history"], state["optimizer"]
+        joint_start = state.get("joint_start", 0)
         log(f"resuming from step {start_step} ({start_elapsed / 60:.1f} min)")
     else:
         model = build_base(cfg.model)
@@ -170,8 +209,11 @@ def pretrain(cfg: Config, examples: Sequence[Any] | None = None, force: bool = F
     if opt_state is not None:
         opt.load_state_dict(opt_state)
 
-    def checkpoint(step: int, elapsed: float, done: bool) -> float:
-        if history and history[-1]["step"] == step:  # evaluated at this step already
+    def checkpoint(step: int, elapsed: float, done: bool, joint: int | None) -> float:
+        """Evaluate (once the decoder trains) and write the checkpoint and training state."""
+        if joint is None:  # CTC warm-start: the decoder is untrained, decoding it is wasted time
+            wer = float("nan")
+        elif history and history[-1]["step"] == step:  # evaluated at this step already
             wer = history[-1]["wer"]
         else:
             wer = float("nan")
@@ -182,19 +224,24 @@ def pretrain(cfg: Config, examples: Sequence[Any] | None = None, force: bool = F
             history.append({"step": step, "elapsed_s": round(elapsed, 1), "wer": wer})
             log(f"step {step:6d}  {elapsed / 60:5.1f} min  held-out WER {wer:.3f}")
         save_checkpoint(model, model.tokenizer, out, extra={
-            "done": done, "step": step, "elapsed_s": elapsed, "wer": wer, "history": history})
+            "done": done, "step": step, "elapsed_s": elapsed, "wer": wer, "history": history,
+            "ctc_warmstart_steps": joint})
         tmp = out / "train_state.pt.tmp"
         torch.save({"step": step, "elapsed_s": elapsed, "history": history,
-                    "optimizer": opt.state_dict()}, tmp)
+                    "joint_start": joint, "optimizer": opt.state_dict()}, tmp)
         os.replace(tmp, out / "train_state.pt")
         return wer
 
     result = train(model, train_set, lr=pc.lr, batch_size=pc.batch_size,
                    ctc_weight=pc.ctc_weight, steps=pc.steps, minutes=pc.minutes,
-                   warmup_steps=pc.warmup_steps, seed=cfg.run.seed, eval_every=pc.eval_every,
-                   on_eval=lambda s, e: checkpoint(s, e, False), optimizer=opt,
-                   start_step=start_step, start_elapsed=start_elapsed, log=log)
-    wer = checkpoint(result["step"], result["elapsed_s"], True)
+                   warmup_steps=pc.warmup_steps, ctc_warmstart=pc.ctc_warmstart,
+                   seed=cfg.run.seed, eval_every=pc.eval_every,
+                   on_eval=lambda s, e, j: checkpoint(s, e, False, j), optimizer=opt,
+                   start_step=start_step, start_elapsed=start_elapsed, joint_start=joint_start,
+                   log=log)
+    # A budget spent entirely on the CTC warm-start still gets its (poor) WER measured.
+    joint = result["joint_start"] if result["joint_start"] is not None else result["step"]
+    wer = checkpoint(result["step"], result["elapsed_s"], True, joint)
     return {"out": str(out), "step": result["step"], "elapsed_s": result["elapsed_s"],
             "wer": wer, "history": history, "cached": False}
 

@@ -164,3 +164,57 @@ def test_data_package_batches_are_accepted_as_they_come(utterances):
     with torch.no_grad():
         assert torch.allclose(model.loss(theirs)[0], model.loss(ours)[0], atol=1e-5)
     assert greedy_decode(model, theirs, 6) == greedy_decode(model, ours, 6)
+
+
+def _reference_decoder_inputs(model, audio, n_audio, texts, languages):
+    """Per-utterance assembly (the layout the batched gathers must reproduce)."""
+    from cluster_fl.models.speech_llm import IGNORE
+
+    tok, seqs, targets = model.tokenizer, [], []
+    table = model.decoder.get_input_embeddings()
+    for i, (text, lang) in enumerate(zip(texts, languages)):
+        prompt, body = tok.prompt_ids(lang), tok.encode(text)
+        ids = prompt + body + [tok.eos_id]
+        n = int(n_audio[i])
+        seqs.append(torch.cat([audio[i, :n], table(torch.tensor(ids[:-1]))]))
+        targets.append([IGNORE] * (n + len(prompt) - 1) + body + [tok.eos_id])
+    length = max(len(t) for t in targets)
+    emb = torch.zeros(len(seqs), length, audio.shape[-1])
+    attn = torch.zeros(len(seqs), length, dtype=torch.long)
+    tgt = torch.full((len(seqs), length), IGNORE, dtype=torch.long)
+    for i, (s, t) in enumerate(zip(seqs, targets)):
+        emb[i, : len(t)], attn[i, : len(t)], tgt[i, : len(t)] = s, 1, torch.tensor(t)
+    return emb, attn, tgt
+
+
+@pytest.mark.parametrize("arch", ["whisper-tinyllama-tiny", "voxtral-tiny"])
+def test_batched_decoder_inputs_match_per_utterance_assembly(arch):
+    torch.manual_seed(0)
+    model = build_base(ModelConfig(arch=arch))
+    d = model.decoder.config.hidden_size
+    audio = torch.randn(3, 7, d)
+    n_audio = torch.tensor([7, 2, 5])
+    texts, langs = ["hello world", "a", "zwölf dreißig"], ["en", None, "de"]
+    got = model._decoder_inputs(audio, n_audio, texts, langs)
+    want = _reference_decoder_inputs(model, audio, n_audio, texts, langs)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape
+        assert torch.equal(g, w)
+
+
+def test_tiny_variants_use_eager_attention():
+    for arch in ("whisper-tinyllama-tiny", "whisper-eurollm-tiny", "voxtral-tiny"):
+        model = build_base(ModelConfig(arch=arch))
+        assert model.encoder.config._attn_implementation == "eager", arch
+        assert model.decoder.model.config._attn_implementation == "eager", arch
+
+
+def test_ctc_loss_alone_runs_only_the_encoder(batch):
+    torch.manual_seed(0)
+    model = build_base(ModelConfig())
+    loss = model.ctc_loss(batch)
+    loss.backward()
+    assert torch.isfinite(loss) and loss > 0
+    assert all(p.grad is None for p in model.decoder.parameters())
+    assert all(p.grad is None for p in model.connector.parameters())
+    assert model.ctc_head.weight.grad is not None

@@ -102,3 +102,74 @@ def test_cli_pretrain_runs_and_bad_keys_exit_2(tmp_path, tiny_corpus, capsys):
     assert (tmp_path / "p" / "model.pt").is_file() and "checkpoint:" in capsys.readouterr().out
     assert main(args + ["pretrain.lr=-1"]) == 2
     assert "pretrain.lr" in capsys.readouterr().err
+
+
+def _snapshot(module: torch.nn.Module) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in module.parameters()]
+
+
+def _changed(module: torch.nn.Module, before: list[torch.Tensor]) -> bool:
+    return any(not torch.equal(p, q) for p, q in zip(module.parameters(), before))
+
+
+def test_ctc_warmstart_trains_only_the_encoder_then_everything(utterances):
+    torch.manual_seed(0)
+    model = build_base(ModelConfig())
+    ex = utterances[:8]
+    enc, dec, conn = _snapshot(model.encoder), _snapshot(model.decoder), _snapshot(model.connector)
+    logs: list[str] = []
+    first = train(model, ex, lr=3e-3, batch_size=4, ctc_weight=0.5, steps=3, seed=0,
+                  ctc_warmstart=0.9, log=logs.append)
+    assert first["joint_start"] is None  # steps 0, 1, 2 all fall in the first 90%
+    assert _changed(model.encoder, enc)
+    assert not _changed(model.decoder, dec) and not _changed(model.connector, conn)
+
+    torch.manual_seed(0)
+    model = build_base(ModelConfig())
+    dec = _snapshot(model.decoder)
+    seen: list[tuple[int, int | None]] = []
+    second = train(model, ex, lr=3e-3, batch_size=4, ctc_weight=0.5, steps=6, seed=0,
+                   ctc_warmstart=0.5, eval_every=1, on_eval=lambda s, e, j: seen.append((s, j)),
+                   log=logs.append)
+    assert second["joint_start"] == 3 and _changed(model.decoder, dec)
+    assert seen == [(1, None), (2, None), (3, None), (4, 3), (5, 3), (6, 3)]
+    with pytest.raises(ValueError, match="ctc_warmstart"):
+        train(model, ex, lr=1e-3, batch_size=4, ctc_weight=0.5, steps=1, ctc_warmstart=1.0)
+
+
+def test_phase_learning_rate_rewarms_for_the_joint_phase():
+    from cluster_fl.training.pretrain import _phase_lr_factor
+
+    warm = 10
+    ctc = [_phase_lr_factor(s, s / 100, warm, 0.3, None) for s in range(30)]
+    assert ctc[0] == pytest.approx(0.1) and ctc[9] == 1.0 and set(ctc[10:]) == {1.0}
+    joint = [_phase_lr_factor(30 + s, (30 + s) / 100, warm, 0.3, 30) for s in range(70)]
+    assert joint[0] == pytest.approx(0.1) and joint[9] == pytest.approx(1.0)
+    assert all(a >= b for a, b in zip(joint[9:], joint[10:]))  # cosine decay after warm-up
+    assert _phase_lr_factor(100, 1.0, warm, 0.3, 30) == pytest.approx(0.1)
+    # without a warm-start the schedule is the single-phase one
+    assert _phase_lr_factor(50, 0.5, warm, 0.0, 0) == pytest.approx(0.55)
+
+
+def test_pretraining_resumes_inside_the_ctc_warmstart(tmp_path, tiny_corpus):
+    import json
+
+    base = [f"pretrain.out={tmp_path / 'pre'}", "pretrain.minutes=0", "pretrain.eval_every=1",
+            "pretrain.heldout_speakers=1", "pretrain.batch_size=4", "pretrain.eval_utterances=3",
+            "pretrain.ctc_warmstart=0.5", f"data.corpus={tiny_corpus}",
+            "data.languages=[en, de, fr]", f"data.feature_cache={tmp_path / 'features'}",
+            "eval.max_new_tokens=2"]
+    logs: list[str] = []
+    pretrain(load_config(None, base + ["pretrain.steps=2"]), log=logs.append)
+    state = torch.load(tmp_path / "pre" / "train_state.pt", weights_only=False)
+    assert state["joint_start"] == 1 and state["step"] == 2
+    assert not any("held-out WER" in line and "step      1" in line for line in logs)
+    meta_path = tmp_path / "pre" / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta["done"] = False
+    meta_path.write_text(json.dumps(meta))
+    result = pretrain(load_config(None, base + ["pretrain.steps=4"]), log=logs.append)
+    assert result["step"] == 4
+    assert torch.load(tmp_path / "pre" / "train_state.pt", weights_only=False)["joint_start"] == 1
+    with pytest.raises(Exception, match="ctc_warmstart"):
+        load_config(None, ["pretrain.ctc_warmstart=1"])
