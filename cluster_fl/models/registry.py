@@ -31,7 +31,7 @@ class ArchSpec:
 
 # The spike's tiny model: Whisper 128-d x 3 layers, 4-frame stacking, Llama 192-d x 3 layers.
 # Tiny variants use eager attention: at these sizes (T ~ 100, head dim 32) PyTorch's CPU
-# flash-attention kernel costs more than the plain matmuls (bench/pretrain_wer.py --compare-attn).
+# flash-attention kernel costs more than the plain matmuls (bench/pretrain_step.py).
 _TINY_ENCODER = dict(d_model=128, encoder_layers=3, encoder_attention_heads=4, encoder_ffn_dim=512,
                      num_mel_bins=80, max_source_positions=1500, attn_implementation="eager")
 _TINY_DECODER = dict(hidden_size=192, num_hidden_layers=3, num_attention_heads=4,
