@@ -406,7 +406,9 @@ class PretrainConfig:
     steps: int = 0
     """Optimiser steps (0 = until the time budget runs out)."""
     lr: float = 2e-3
-    """Peak AdamW learning rate (linear warm-up, cosine decay to 10%)."""
+    """Peak AdamW learning rate (linear warm-up, cosine decay to ``final_lr`` x lr)."""
+    final_lr: float = 0.1
+    """Learning rate at the end of the cosine decay, as a fraction of ``lr``."""
     warmup_steps: int = 200
     """Linear warm-up steps."""
     batch_size: int = 24
@@ -431,6 +433,7 @@ class PretrainConfig:
         _check(self.minutes > 0 or self.steps > 0, "pretrain.steps",
                "set pretrain.steps > 0 or pretrain.minutes > 0")
         _range(self.lr, "pretrain.lr", 0.0, 10.0, lo_open=True)
+        _range(self.final_lr, "pretrain.final_lr", 0.0, 1.0)
         _range(self.warmup_steps, "pretrain.warmup_steps", 0, None, integer=True)
         _range(self.batch_size, "pretrain.batch_size", 1, None, integer=True)
         _range(self.ctc_weight, "pretrain.ctc_weight", 0.0, 100.0)

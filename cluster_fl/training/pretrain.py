@@ -63,15 +63,16 @@ def batch_order(lengths: Sequence[int], batch_size: int, rng: np.random.Generato
     return [batches[i] for i in rng.permutation(len(batches))]
 
 
-def _lr_factor(step: int, progress: float, warmup: int) -> float:
-    """Linear warm-up over ``warmup`` steps, then cosine decay to 10% as ``progress`` goes 0 -> 1."""
+def _lr_factor(step: int, progress: float, warmup: int, final: float = 0.1) -> float:
+    """Linear warm-up over ``warmup`` steps, then cosine decay to ``final`` as ``progress`` goes
+    0 -> 1."""
     if step < warmup:
         return (step + 1) / warmup
-    return 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
+    return final + (1.0 - final) * 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
 
 
 def _phase_lr_factor(step: int, progress: float, warmup: int, warmstart: float,
-                     joint_start: int | None) -> float:
+                     joint_start: int | None, final: float = 0.1) -> float:
     """The learning-rate factor of a run whose first ``warmstart`` of the budget is CTC-only.
 
     CTC phase: warm-up then constant (it hands over to a second warm-up, so decaying it would
@@ -79,15 +80,16 @@ def _phase_lr_factor(step: int, progress: float, warmup: int, warmstart: float,
     take their first steps there, then cosine decay over the rest of the budget.
     """
     if warmstart <= 0.0:
-        return _lr_factor(step, progress, warmup)
+        return _lr_factor(step, progress, warmup, final)
     if joint_start is None:
-        return _lr_factor(step, 0.0, warmup)
-    return _lr_factor(step - joint_start, (progress - warmstart) / (1.0 - warmstart), warmup)
+        return _lr_factor(step, 0.0, warmup, final)
+    return _lr_factor(step - joint_start, (progress - warmstart) / (1.0 - warmstart), warmup,
+                      final)
 
 
 def train(model: SpeechLLM, examples: Sequence[Any], *, lr: float, batch_size: int,
           ctc_weight: float, steps: int = 0, minutes: float = 0.0, warmup_steps: int = 0,
-          ctc_warmstart: float = 0.0, seed: int = 0, eval_every: int = 0,
+          ctc_warmstart: float = 0.0, final_lr: float = 0.1, seed: int = 0, eval_every: int = 0,
           on_eval: Callable[[int, float, int | None], None] | None = None,
           optimizer: torch.optim.Optimizer | None = None, start_step: int = 0,
           start_elapsed: float = 0.0, joint_start: int | None = None,
@@ -134,7 +136,7 @@ def train(model: SpeechLLM, examples: Sequence[Any], *, lr: float, batch_size: i
                         [examples[i].language for i in idx])
         for group in opt.param_groups:
             group["lr"] = lr * _phase_lr_factor(step, progress, warmup_steps, ctc_warmstart,
-                                                joint_start)
+                                                joint_start, final_lr)
         if joint_start is None:
             loss = model.ctc_loss(batch)
         else:
@@ -235,6 +237,7 @@ def pretrain(cfg: Config, examples: Sequence[Any] | None = None, force: bool = F
     result = train(model, train_set, lr=pc.lr, batch_size=pc.batch_size,
                    ctc_weight=pc.ctc_weight, steps=pc.steps, minutes=pc.minutes,
                    warmup_steps=pc.warmup_steps, ctc_warmstart=pc.ctc_warmstart,
+                   final_lr=pc.final_lr,
                    seed=cfg.run.seed, eval_every=pc.eval_every,
                    on_eval=lambda s, e, j: checkpoint(s, e, False, j), optimizer=opt,
                    start_step=start_step, start_elapsed=start_elapsed, joint_start=joint_start,

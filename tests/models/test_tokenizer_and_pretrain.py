@@ -149,6 +149,9 @@ def test_phase_learning_rate_rewarms_for_the_joint_phase():
     assert _phase_lr_factor(100, 1.0, warm, 0.3, 30) == pytest.approx(0.1)
     # without a warm-start the schedule is the single-phase one
     assert _phase_lr_factor(50, 0.5, warm, 0.0, 0) == pytest.approx(0.55)
+    # the decay ends at the configured floor (pretrain.final_lr)
+    assert _phase_lr_factor(100, 1.0, warm, 0.3, 30, final=0.0) == pytest.approx(0.0, abs=1e-12)
+    assert _phase_lr_factor(50, 0.5, warm, 0.0, 0, final=0.0) == pytest.approx(0.5)
 
 
 def test_pretraining_resumes_inside_the_ctc_warmstart(tmp_path, tiny_corpus):
