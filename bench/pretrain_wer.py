@@ -23,22 +23,19 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def extra_scores(cfg, checkpoint: str, threads: int) -> dict[str, float]:
-    """WER of the checkpoint on 200 training-speaker utterances and on the test speakers."""
+def extra_scores(cfg, checkpoint: str, store, public: list) -> dict[str, float]:
+    """WER of the checkpoint on up to 200 training-speaker utterances and on the test speakers."""
     import numpy as np
 
-    from cluster_fl.data import FeatureStore
     from cluster_fl.eval.evaluate import evaluate
     from cluster_fl.models.checkpoint import load_checkpoint
     from cluster_fl.training.pretrain import split_heldout
 
-    store = FeatureStore.from_config(cfg.data)
-    languages = list(cfg.data.languages)
-    train_set, _ = split_heldout(store.split("public", languages=languages),
-                                 cfg.pretrain.heldout_speakers, cfg.run.seed)
-    pick = np.random.default_rng(cfg.run.seed + 1).choice(len(train_set), 200, replace=False)
+    train_set, _ = split_heldout(public, cfg.pretrain.heldout_speakers, cfg.run.seed)
+    pick = np.random.default_rng(cfg.run.seed + 1).choice(
+        len(train_set), min(200, len(train_set)), replace=False)
     sets = {"train_speakers_wer": [train_set[i] for i in sorted(pick)],
-            "test_speakers_wer": store.split("test", languages=languages)}
+            "test_speakers_wer": store.split("test", languages=list(cfg.data.languages))}
     model = load_checkpoint(checkpoint).eval()
     return {key: round(evaluate(model, examples, batch_size=cfg.eval.batch_size,
                                 max_new_tokens=cfg.eval.max_new_tokens, bootstrap=0)[0]["wer"], 4)
@@ -59,7 +56,7 @@ def main() -> int:
     import torch
 
     from cluster_fl.config import load_config
-    from cluster_fl.data import make_corpus
+    from cluster_fl.data import FeatureStore, make_corpus
     from cluster_fl.training.pretrain import pretrain
 
     corpus = Path(args.corpus).expanduser()
@@ -72,14 +69,16 @@ def main() -> int:
         f"data.corpus={corpus}", f"pretrain.minutes={args.minutes}",
         f"pretrain.eval_every={args.eval_every}", f"pretrain.out={args.out}",
         f"run.threads={args.threads}", *args.overrides])
+    store = FeatureStore.from_config(cfg.data)  # read once: pretraining and the extra scores
+    public = store.split("public", languages=list(cfg.data.languages))
     loads: list[float] = []
 
     def log(line: str) -> None:
         loads.append(os.getloadavg()[0])
         print(line, flush=True)
 
-    result = pretrain(cfg, force=True, log=log)
-    extra = extra_scores(cfg, result["out"], args.threads)
+    result = pretrain(cfg, examples=public, force=True, log=log)
+    extra = extra_scores(cfg, result["out"], store, public)
     record = {
         "goal": "held-out WER <= 0.25 within 15 min on 2 CPU cores",
         "minutes_budget": args.minutes, "threads": args.threads, "cpu_count": os.cpu_count(),
