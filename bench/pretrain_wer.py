@@ -5,9 +5,10 @@ Builds the default synthetic corpus if missing, pretrains with ``configs/pretrai
 overrides, and writes a JSON record with the WER history (step, minutes, WER), the thread count
 and the machine load seen during the run, so a result can be read against its conditions.
 After training it also scores the checkpoint on 200 utterances of its *training* speakers and on
-the corpus's test speakers (voice variants never seen in pretraining): the held-out WER of 16
-speakers is noisy (one hard speaker moves it by ~0.05), and the train/held-out gap says whether
-a recipe is short of fitting or of generalising (results/LOG.md, 2026-12-03).
+the corpus's test speakers (voice variants never seen in pretraining): the train/held-out gap
+says whether a recipe is short of fitting or of generalising (results/LOG.md, 2026-12-03). The
+held-out set is 8 speakers per language (64); with 2 per language one hard voice moved the
+figure by ~0.05.
 
     python bench/pretrain_wer.py --corpus /tmp/corpus --minutes 15 --threads 2 --out /tmp/pre
 """
@@ -44,7 +45,7 @@ def extra_scores(cfg, checkpoint: str, store, public: list) -> dict[str, float]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--corpus", default="~/.cache/cluster_fl/corpus")
+    parser.add_argument("--corpus", default="~/.cache/cluster_fl/corpus-v2")
     parser.add_argument("--minutes", type=float, default=15.0)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--eval-every", type=int, default=500, help="steps between WER checks")

@@ -56,6 +56,7 @@ def _say(msg: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from cluster_fl.data import make_corpus
+    from cluster_fl.data.corpus import DEFAULT_FOLDER
     from cluster_fl.engine.train import run_training
     from cluster_fl.experiments.results import find_runs
     from cluster_fl.experiments.table import summarise, to_markdown
@@ -68,8 +69,9 @@ def run(args: argparse.Namespace) -> int:
     changes: dict = {"run.out": str(out)}
     langs = args.languages.split(",") if args.languages else list(cfg.data.languages)
     changes["data.languages"] = langs
-    corpus = cache / ("corpus" if args.languages is None and args.speakers_per_language is None
-                      else f"corpus-{'-'.join(langs)}-{args.speakers_per_language}")
+    reduced = args.languages is not None or args.speakers_per_language is not None
+    corpus = cache / (f"{DEFAULT_FOLDER}-{'-'.join(langs)}-{args.speakers_per_language}"
+                      if reduced else DEFAULT_FOLDER)
     changes["data.corpus"] = str(corpus)
     ckpt = cache / "pretrain" / corpus.name / cfg.model.arch
     changes["pretrain.out"] = str(ckpt)
@@ -84,9 +86,12 @@ def run(args: argparse.Namespace) -> int:
     _say(f"1/4 synthetic corpus ({len(langs)} languages) -> {corpus}")
     kwargs = {}
     if args.speakers_per_language is not None:
-        kwargs = {"private_speakers": args.speakers_per_language,
-                  "public_speakers": max(4, args.speakers_per_language),
+        public = max(4, args.speakers_per_language)
+        kwargs = {"private_speakers": args.speakers_per_language, "public_speakers": public,
                   "test_speakers": 2}
+        # a reduced corpus cannot spare the default held-out speakers: keep 3 of 4 for training
+        held = min(cfg.pretrain.heldout_speakers, max(1, public // 4))
+        cfg = replace(cfg, {"pretrain.heldout_speakers": held})
     manifest = make_corpus(corpus, languages=langs, seed=cfg.run.seed, **kwargs)
     _say(f"   corpus ready: {_manifest_line(manifest)}")
 

@@ -106,8 +106,18 @@ def test_rerun_skips_finished_shards_and_other_parameters_are_refused(tmp_path):
     assert shard.stat().st_mtime_ns == stamp  # not rendered again
     assert manifest["counts"]["es"]["test"]["utterances"] == 2
     assert not list(tmp_path.rglob(".*tmp*"))
-    with pytest.raises(UserError, match="other parameters"):
+    with pytest.raises(UserError, match="other parameters.*seed: 1 there, 2 asked"):
         make_corpus(tmp_path, ["es"], **{**kwargs, "seed": 2})
+
+
+def test_default_speaker_counts_and_their_spread():
+    from cluster_fl.data.corpus import DEFAULT_SPEAKERS, _resolve_counts
+
+    counts, utts = _resolve_counts(None, None, None, None, None, 50, (20, 60), 25)
+    assert counts == DEFAULT_SPEAKERS == {"public": 80, "private": 30, "test": 4}
+    assert utts == {"public": (50, 50), "private": (20, 60), "test": (25, 25)}
+    spread, _ = _resolve_counts(57, None, None, None, None, 50, (20, 60), 25)
+    assert sum(spread.values()) == 57 and spread["public"] > spread["private"] > spread["test"]
 
 
 def test_resampling_keeps_the_duration():
