@@ -23,7 +23,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--corpus", default="~/.cache/cluster_fl/corpus-v2")
+    parser.add_argument("--corpus", default=None,
+                        help="corpus folder (default: the demo's, $CLUSTER_FL_CACHE/corpus-v2)")
     parser.add_argument("--steps", type=int, default=30, help="timed steps per variant")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
@@ -35,11 +36,12 @@ def main() -> int:
 
     from cluster_fl.config import load_config
     from cluster_fl.data import make_corpus
+    from cluster_fl.engine.demo import default_corpus
     from cluster_fl.models.build import build_base
     from cluster_fl.models.speech_llm import collate
     from cluster_fl.training.pretrain import _load_public, batch_order
 
-    corpus = Path(args.corpus).expanduser()
+    corpus = Path(args.corpus).expanduser() if args.corpus else default_corpus()
     if not (corpus / "manifest.json").is_file():
         make_corpus(corpus, progress=False)
     torch.set_num_threads(args.threads)

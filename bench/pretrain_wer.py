@@ -45,10 +45,11 @@ def extra_scores(cfg, checkpoint: str, store, public: list) -> dict[str, float]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--corpus", default="~/.cache/cluster_fl/corpus-v2")
+    parser.add_argument("--corpus", default=None,
+                        help="corpus folder (default: the demo's, $CLUSTER_FL_CACHE/corpus-v2)")
     parser.add_argument("--minutes", type=float, default=15.0)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--eval-every", type=int, default=500, help="steps between WER checks")
+    parser.add_argument("--eval-every", type=int, default=1000, help="steps between WER checks")
     parser.add_argument("--out", default="/tmp/cluster_fl_bench/pretrain")
     parser.add_argument("--json", default=None, help="write the record here (default: stdout)")
     parser.add_argument("overrides", nargs="*", metavar="key=value")
@@ -58,9 +59,10 @@ def main() -> int:
 
     from cluster_fl.config import load_config
     from cluster_fl.data import FeatureStore, make_corpus
+    from cluster_fl.engine.demo import default_corpus
     from cluster_fl.training.pretrain import pretrain
 
-    corpus = Path(args.corpus).expanduser()
+    corpus = Path(args.corpus).expanduser() if args.corpus else default_corpus()
     began = time.monotonic()
     if not (corpus / "manifest.json").is_file():
         make_corpus(corpus, progress=False)

@@ -34,6 +34,13 @@ def default_cache() -> Path:
     return Path(os.environ.get("CLUSTER_FL_CACHE", "~/.cache/cluster_fl")).expanduser()
 
 
+def default_corpus() -> Path:
+    """The folder the demo renders the default corpus into (and benchmarks read)."""
+    from cluster_fl.data.corpus import DEFAULT_FOLDER
+
+    return default_cache() / DEFAULT_FOLDER
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("overrides", nargs="*", metavar="key=value",
                         help="overrides of the demo config (e.g. fl.rounds=2)")

@@ -120,6 +120,23 @@ def test_default_speaker_counts_and_their_spread():
     assert sum(spread.values()) == 57 and spread["public"] > spread["private"] > spread["test"]
 
 
+def test_every_default_corpus_path_names_the_versioned_folder():
+    from pathlib import Path
+
+    import yaml
+
+    from cluster_fl.config import DataConfig
+    from cluster_fl.data.corpus import DEFAULT_FOLDER
+    from cluster_fl.engine.demo import default_corpus
+
+    repo = Path(__file__).resolve().parents[2]
+    grid = yaml.safe_load((repo / "configs/grids/tiny.yaml").read_text())["set"]
+    paths = [DataConfig().corpus, str(default_corpus()), grid["data.corpus"],
+             yaml.safe_load((repo / "configs/pretrain.yaml").read_text())["data"]["corpus"]]
+    assert all(Path(p).name == DEFAULT_FOLDER for p in paths), paths
+    assert Path(grid["model.checkpoint"]).parent.name == DEFAULT_FOLDER
+
+
 def test_resampling_keeps_the_duration():
     from cluster_fl.data.espeak import Synthesizer, to_16k
 
