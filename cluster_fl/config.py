@@ -100,9 +100,26 @@ class ModelConfig:
     layout: tuple[Mapping[str, Any], ...] | None = None
     """Explicit parameter layout ``[{name, component, numel}, ...]`` used by ``thresholds``
     instead of building the model (for sizing a huge model without loading it)."""
+    dtype: str = "float32"
+    """Storage dtype of the frozen base: ``float32``, ``bfloat16`` or ``float16``. LoRA and the
+    connector stay fp32 master weights; compute runs under autocast in this dtype."""
+    activation_checkpointing: bool = False
+    """Recompute each encoder/decoder layer's activations in the backward pass (less memory)."""
+    shard: str = "none"
+    """Sharding of the frozen base inside a client lane: ``none``, ``fsdp2`` or ``deepspeed``
+    (ZeRO-3, needs the ``deepspeed`` extra)."""
+    shard_group_size: int = 1
+    """G: ranks per client lane. The world splits into world/G lanes; the ranks of a lane train one
+    client at a time together with the base sharded over them (G > 1 needs ``shard``)."""
 
     def __post_init__(self) -> None:
         _check(isinstance(self.arch, str) and self.arch != "", "model.arch", "must be a name")
+        _in(self.dtype, ("float32", "bfloat16", "float16"), "model.dtype")
+        _in(self.shard, ("none", "fsdp2", "deepspeed"), "model.shard")
+        _range(self.shard_group_size, "model.shard_group_size", 1, 4096, integer=True)
+        _check(self.shard_group_size == 1 or self.shard != "none", "model.shard_group_size",
+               f"got {self.shard_group_size}; a lane of several ranks needs model.shard "
+               "fsdp2 or deepspeed")
         _range(self.lora_rank, "model.lora_rank", 1, 4096, integer=True)
         _range(self.lora_alpha, "model.lora_alpha", 0.0, None, lo_open=True)
         _range(self.lora_dropout, "model.lora_dropout", 0.0, 1.0, hi_open=True)
@@ -388,7 +405,11 @@ class RunConfig:
     device: str = "auto"
     """``cpu``, ``cuda`` or ``auto``."""
     timeout_s: int = 60
-    """Collective timeout: a dead rank fails the job within this many seconds."""
+    """Dead-peer timeout: a collective between ranks that should all be ready (broadcast of the
+    noised sum, barriers) fails after this many seconds."""
+    wait_timeout_s: int = 7200
+    """Limit for collectives that wait for the slowest lane (its share of the cohort's training,
+    the sharded evaluation); a killed rank still fails them at once."""
 
     def __post_init__(self) -> None:
         _range(self.seed, "run.seed", 0, 2**63 - 1, integer=True)
@@ -396,6 +417,7 @@ class RunConfig:
         _range(self.threads, "run.threads", 0, 1024, integer=True)
         _in(self.device, ("cpu", "cuda", "auto"), "run.device")
         _range(self.timeout_s, "run.timeout_s", 1, None, integer=True)
+        _range(self.wait_timeout_s, "run.wait_timeout_s", 1, None, integer=True)
 
 
 @dataclass(frozen=True, kw_only=True)

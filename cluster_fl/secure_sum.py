@@ -214,7 +214,7 @@ class SecureSummer:
             self._apply_masks(masked, comm.rank, comm.world_size, round, stream)
         if record:
             self.last_partial = {"masked": masked.clone(), "plain": self.partial()}
-        comm.all_reduce_sum(masked)
+        comm.all_reduce_sum(masked, slow=True)  # waits for the slowest lane to finish training
         self._acc.zero_()
         counts = masked[self.numel:]
         if counts.numel() and (bool((counts < 0).any()) or int(counts.max()) > self.max_clients):

@@ -21,7 +21,13 @@ from cluster_fl.config import Config, dump_config, to_dict
 
 # Keys that do not change what a run computes, so they do not enter its id.
 _BOOKKEEPING = {("run", "out"), ("run", "experiment"), ("run", "run_id"), ("run", "threads"),
-                ("run", "checkpoint_every"), ("run", "timeout_s"), ("run", "device")}
+                ("run", "checkpoint_every"), ("run", "timeout_s"), ("run", "wait_timeout_s"),
+                ("run", "device"),
+                # how a lane is laid out changes memory, not results (within float tolerance)
+                ("model", "activation_checkpointing"), ("model", "shard"),
+                ("model", "shard_group_size")}
+# keys added after runs existed: left out of the id at their default, so old ids stay valid
+_NEW_AT_DEFAULT = {("model", "dtype"): "float32"}
 
 
 def run_id(cfg: Config) -> str:
@@ -31,6 +37,9 @@ def run_id(cfg: Config) -> str:
     tree = to_dict(cfg)
     for section, key in _BOOKKEEPING:
         tree[section].pop(key, None)
+    for (section, key), default in _NEW_AT_DEFAULT.items():
+        if tree[section].get(key) == default:
+            tree[section].pop(key)
     digest = hashlib.sha1(json.dumps(tree, sort_keys=True).encode()).hexdigest()[:8]
     method = "fedavg" if cfg.privacy.mechanism == "none" else cfg.privacy.clipping
     frozen = "frozen" if cfg.model.freeze_encoder else "unfrozen"

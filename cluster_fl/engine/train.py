@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -19,10 +18,11 @@ from typing import Any
 import torch
 
 from cluster_fl.cli import add_config_arguments
-from cluster_fl.config import Config, load_config, to_dict
+from cluster_fl.config import Config, build_config, load_config, to_dict
 from cluster_fl.engine import setup
 from cluster_fl.engine.checkpoint import StopFlag, load_checkpoint, save_checkpoint
 from cluster_fl.engine.metrics import read_rows, write_rows
+from cluster_fl.dist.launch import launch_rank
 from cluster_fl.engine.rundir import (git_commit, is_done, read_status, run_dir, write_config,
                                       write_json, write_status)
 from cluster_fl.errors import UserError
@@ -53,11 +53,13 @@ def _check_existing(folder: Path, cfg: Config) -> None:
         return
     import yaml
 
-    old = yaml.safe_load(path.read_text())
+    old = to_dict(build_config(yaml.safe_load(path.read_text())))  # keys added later: defaults
     new = to_dict(cfg)
     for d in (old, new):  # bookkeeping keys may differ between submissions
-        for k in ("threads", "timeout_s", "device", "out"):
+        for k in ("threads", "timeout_s", "wait_timeout_s", "device", "out"):
             d.get("run", {}).pop(k, None)
+        for k in ("activation_checkpointing", "shard", "shard_group_size"):
+            d.get("model", {}).pop(k, None)
     if old != new:
         raise UserError(f"run folder {folder} holds a run with a different config; "
                         "set run.run_id or run.experiment to start a new run")
@@ -176,12 +178,11 @@ def run(args: argparse.Namespace) -> int:
     except Exception as exc:
         folder = run_dir(cfg)
         status = read_status(folder)
-        rank0 = os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) == "0"
-        if rank0 and folder.is_dir() and not isinstance(exc, UserError) \
+        if launch_rank() == 0 and folder.is_dir() and not isinstance(exc, UserError) \
                 and (status or {}).get("state") != "done":
             write_status(folder, "failed", (status or {}).get("round", 0), cfg.fl.rounds,
                          error=f"{type(exc).__name__}: {exc}")
         raise
-    if os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) == "0":
+    if launch_rank() == 0:
         print(folder)
     return 0

@@ -27,6 +27,7 @@ import submitit
 from submitit.helpers import Checkpointable, DelayedSubmission
 
 from cluster_fl.config import Config, build_config, parse_override, to_dict
+from cluster_fl.dist.launch import submitit_torch_env
 from cluster_fl.errors import UserError
 from cluster_fl.experiments.gridspec import Grid, Resources, RunSpec, expand, load_grid, run_folder
 from cluster_fl.experiments.status import RESUBMIT, format_states, grid_states, write_registry
@@ -52,15 +53,7 @@ def _export_torch_env() -> None:
         return
     if env.num_tasks <= 1:
         return
-    job = str(env.raw_job_id)
-    os.environ.update({
-        "MASTER_ADDR": env.hostnames[0],
-        # a port derived from the job id, so two arrays sharing a node do not collide
-        "MASTER_PORT": str(20000 + int("".join(c for c in job if c.isdigit()) or 0) % 20000),
-        "RANK": str(env.global_rank), "WORLD_SIZE": str(env.num_tasks),
-        "LOCAL_RANK": str(env.local_rank),
-        "LOCAL_WORLD_SIZE": str(env.num_tasks // max(env.num_nodes, 1)),
-    })
+    os.environ.update(submitit_torch_env(env))
 
 
 class GridTask(Checkpointable):

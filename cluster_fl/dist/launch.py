@@ -1,0 +1,141 @@
+"""Launch environments: where this process sits, read from torchrun or SLURM variables.
+
+fairseq2's ``cluster.py`` idea: one file translates the launcher's environment (torchrun's
+``RANK``/``WORLD_SIZE``/..., SLURM's ``SLURM_PROCID``/``SLURM_JOB_NODELIST``/..., submitit's
+job environment) into one :class:`LaunchEnv`; the engine and the launchers ask it and never read
+``os.environ`` themselves.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from dataclasses import dataclass
+from typing import Mapping
+
+@dataclass(frozen=True)
+class LaunchEnv:
+    """Where this process sits, read from torchrun or SLURM variables."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    master_addr: str
+    master_port: int
+    source: str  # "torchrun" | "slurm"
+
+
+def expand_nodelist(nodelist: str) -> list[str]:
+    """Expand a SLURM host list: ``node[01-03,07],gpu5`` -> node01 node02 node03 node07 gpu5.
+    Zero padding follows the range start; several bracket groups in one name multiply out."""
+    hosts: list[str] = []
+    depth, start = 0, 0
+    for i, ch in enumerate(nodelist + ","):
+        depth += (ch == "[") - (ch == "]")
+        if depth < 0:
+            raise ValueError(f"bad SLURM node list {nodelist!r}: unbalanced ']'")
+        if ch == "," and depth == 0:
+            item = nodelist[start:i].strip()
+            if item:
+                hosts.extend(_expand_host(item, nodelist))
+            start = i + 1
+    if depth != 0:
+        raise ValueError(f"bad SLURM node list {nodelist!r}: unbalanced '['")
+    return hosts
+
+
+def _expand_host(item: str, whole: str) -> list[str]:
+    m = re.search(r"\[([^\[\]]*)\]", item)
+    if m is None:
+        return [item]
+    values: list[str] = []
+    for part in m.group(1).split(","):
+        lo, sep, hi = part.strip().partition("-")
+        if not lo.isdigit() or (sep and not hi.isdigit()):
+            raise ValueError(f"bad SLURM node list {whole!r}: range {part!r}")
+        if not sep:
+            values.append(lo)
+            continue
+        if int(hi) < int(lo):
+            raise ValueError(f"bad SLURM node list {whole!r}: descending range {part!r}")
+        values.extend(str(v).zfill(len(lo)) for v in range(int(lo), int(hi) + 1))
+    head, tail = item[:m.start()], item[m.end():]
+    return [h for v in values for h in _expand_host(head + v + tail, whole)]
+
+
+def _tasks_on_node(tasks_per_node: str, node_id: int) -> int:
+    """``SLURM_TASKS_PER_NODE`` such as ``2(x3),1`` -> tasks on node ``node_id``."""
+    counts: list[int] = []
+    for part in tasks_per_node.split(","):
+        m = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
+        if m is None:
+            raise ValueError(f"bad SLURM tasks-per-node value {tasks_per_node!r}")
+        counts.extend([int(m.group(1))] * int(m.group(2) or 1))
+    return counts[min(node_id, len(counts) - 1)]
+
+
+def slurm_port(job_id: str | int) -> int:
+    """A port in [20000, 40000) derived from the job id, so every task of a job agrees on it."""
+    return 20000 + int(job_id) % 20000
+
+
+def env_from_torchrun(env: Mapping[str, str]) -> LaunchEnv | None:
+    """torchrun (or any launcher that sets RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT)."""
+    if "RANK" not in env or "WORLD_SIZE" not in env:
+        return None
+    world = int(env["WORLD_SIZE"])
+    return LaunchEnv(rank=int(env["RANK"]), world_size=world,
+                     local_rank=int(env.get("LOCAL_RANK", 0)),
+                     local_world_size=int(env.get("LOCAL_WORLD_SIZE", world)),
+                     master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
+                     master_port=int(env.get("MASTER_PORT", 29500)), source="torchrun")
+
+
+def env_from_slurm(env: Mapping[str, str]) -> LaunchEnv | None:
+    """One process per SLURM task (``srun python -m cluster_fl ...``)."""
+    if "SLURM_PROCID" not in env or "SLURM_NTASKS" not in env:
+        return None
+    nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or ""
+    hosts = expand_nodelist(nodelist) if nodelist else []
+    addr = env.get("MASTER_ADDR") or (hosts[0] if hosts else "127.0.0.1")
+    if "MASTER_PORT" in env:
+        port = int(env["MASTER_PORT"])
+    elif "SLURM_JOB_ID" in env:
+        port = slurm_port(env["SLURM_JOB_ID"])
+    else:
+        port = 29500
+    world = int(env["SLURM_NTASKS"])
+    if "SLURM_NTASKS_PER_NODE" in env:
+        local_world = _tasks_on_node(env["SLURM_NTASKS_PER_NODE"], 0)
+    elif "SLURM_TASKS_PER_NODE" in env:
+        local_world = _tasks_on_node(env["SLURM_TASKS_PER_NODE"], int(env.get("SLURM_NODEID", 0)))
+    else:
+        local_world = max(1, math.ceil(world / max(1, len(hosts))))
+    return LaunchEnv(rank=int(env["SLURM_PROCID"]), world_size=world,
+                     local_rank=int(env.get("SLURM_LOCALID", 0)), local_world_size=local_world,
+                     master_addr=addr, master_port=port, source="slurm")
+
+
+def detect_launch(env: Mapping[str, str] | None = None) -> LaunchEnv | None:
+    """torchrun variables win (``srun torchrun`` sets both), then SLURM, else ``None``."""
+    env = os.environ if env is None else env
+    return env_from_torchrun(env) or env_from_slurm(env)
+
+
+def launch_rank(env: Mapping[str, str] | None = None) -> int:
+    """This process's global rank as the launcher set it (0 when launched alone)."""
+    launch = detect_launch(env)
+    return 0 if launch is None else launch.rank
+
+
+def submitit_torch_env(job_env: object) -> dict[str, str]:
+    """The variables torchrun would set, for a multi-task submitit job (``submitit.JobEnvironment``):
+    rank layout from the job, the first host as master and a port derived from the job id (two
+    arrays sharing a node do not collide; the same rule as :func:`slurm_port`)."""
+    job = "".join(c for c in str(job_env.raw_job_id) if c.isdigit()) or "0"
+    return {"MASTER_ADDR": job_env.hostnames[0], "MASTER_PORT": str(slurm_port(job)),
+            "RANK": str(job_env.global_rank), "WORLD_SIZE": str(job_env.num_tasks),
+            "LOCAL_RANK": str(job_env.local_rank),
+            "LOCAL_WORLD_SIZE": str(job_env.num_tasks // max(job_env.num_nodes, 1))}
