@@ -69,7 +69,7 @@ def encode(x: torch.Tensor | float, frac_bits: int) -> torch.Tensor:
 def _scale(x: torch.Tensor | float, frac_bits: int) -> torch.Tensor:
     # Scaling by a power of two and rounding are exact in the input's own float format, so a
     # float32 update needs no float64 copy and gives the same integers as the float64 route.
-    xt = torch.as_tensor(x).detach().cpu()
+    xt = torch.as_tensor(x).detach()
     if not xt.is_floating_point():
         xt = xt.to(torch.float64)
     elif xt.dtype in (torch.float16, torch.bfloat16):
@@ -129,7 +129,8 @@ class SecureSummer:
 
     def __init__(self, shapes: Mapping[str, int | Sequence[int]], *, frac_bits: int,
                  max_clients: int, bounds: float | Mapping[str, float], mode: str = "research",
-                 seed: int = 0, integer_fields: Iterable[str] = ()):
+                 seed: int = 0, integer_fields: Iterable[str] = (),
+                 device: torch.device | str = "cpu"):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         ints = set(integer_fields)
@@ -149,7 +150,8 @@ class SecureSummer:
             offset += numel
         self.numel = offset
         # the buffer's tail counts contributions per field: the overflow guard after the sum
-        self._acc = torch.zeros(offset + len(self.fields), dtype=torch.int64)
+        # on the model's device: contributions are encoded where the updates live
+        self._acc = torch.zeros(offset + len(self.fields), dtype=torch.int64, device=device)
         self._index = {name: i for i, name in enumerate(self.fields)}
         self._pair_keys: dict[int, bytes] | None = None
         self._used: set[tuple[int, int]] = set()
@@ -177,7 +179,7 @@ class SecureSummer:
                     raise SecureSumRangeError(f"field {name!r}: |x| = {peak:g} exceeds its bound "
                                               f"{f.bound:g} (clip before adding)")
             # within its bound, check_range guarantees the encoding and the sum fit int64
-            enc = _scale(x, f.frac_bits).reshape(-1).to(torch.int64)
+            enc = _scale(x.to(self._acc.device), f.frac_bits).reshape(-1).to(torch.int64)
             self._acc[f.offset:f.offset + f.numel] += enc
             self._acc[self.numel + self._index[name]] += 1
 
@@ -187,7 +189,7 @@ class SecureSummer:
 
     def partial(self) -> dict[str, torch.Tensor]:
         """This rank's unmasked running sum, decoded (what only this rank may know)."""
-        return self._decode(self._acc)
+        return self._decode(self._acc.cpu())
 
     def _decode(self, buf: torch.Tensor) -> dict[str, torch.Tensor]:
         return {f.name: decode(buf[f.offset:f.offset + f.numel], f.frac_bits).reshape(f.shape)
@@ -207,7 +209,9 @@ class SecureSummer:
         if (round, stream) in self._used and self.mode != "plain":
             raise ValueError(f"masks for round {round} stream {stream} were already used")
         self._used.add((round, stream))
-        masked = self._acc.clone()
+        # masks are generated on the host (numpy Philox / ChaCha20); only the int64 sum crosses
+        # to the communicator's device (TorchComm stages it for NCCL)
+        masked = self._acc.to("cpu", copy=True)
         if self.mode != "plain" and comm.world_size > 1:
             if self.mode == "secure" and self._pair_keys is None:
                 self._pair_keys = _agree_pair_keys(comm)

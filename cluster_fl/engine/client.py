@@ -18,6 +18,7 @@ from typing import Callable, Iterable, Iterator, Mapping, Sequence
 import torch
 
 from cluster_fl.config import ClientConfig, FLConfig
+from cluster_fl.dist.parallelize import LaneLayout, Placement
 from cluster_fl.groups import GroupSpec
 from cluster_fl.seeding import derive_seed, generator
 
@@ -66,8 +67,11 @@ class ClientRunner:
 
     def __init__(self, model: torch.nn.Module, params: Mapping[str, torch.nn.Parameter],
                  groups: Sequence[GroupSpec], fl: FLConfig, client: ClientConfig,
-                 make_batches: BatchFn, seed: int):
+                 make_batches: BatchFn, seed: int, placement: Placement | None = None):
         self.model = model
+        # device, autocast dtype and lane; the default is one CPU process in fp32
+        self.placement = placement or Placement(torch.device("cpu"), torch.float32,
+                                                LaneLayout(1, 1, 0))
         self.params = dict(params)
         self.groups = list(groups)
         self.fl = fl
@@ -114,15 +118,14 @@ class ClientRunner:
                 lr = lr_at(step, total, self.fl.lr, self.client_cfg.warmup_steps)
                 for pg in opt.param_groups:
                     pg["lr"] = lr * pg["lr_mult"]
-                loss, _ = self.model.loss(batch)
                 opt.zero_grad(set_to_none=True)
-                loss.backward()
+                loss = self.placement.backward(self.model, batch, self.params)
                 if self.client_cfg.max_grad_norm > 0:
                     torch.nn.utils.clip_grad_norm_(
                         [p for p in self.params.values() if p.grad is not None],
                         self.client_cfg.max_grad_norm)
                 opt.step()
-                loss_sum += float(loss.detach())
+                loss_sum += loss
                 loss_n += 1
                 step += 1
         with torch.no_grad():

@@ -18,6 +18,7 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from cluster_fl.config import Config
+from cluster_fl.dist.parallelize import LaneLayout
 from cluster_fl.engine import cohort as cohort_mod
 from cluster_fl.engine.client import ClientRunner, ClientUpdate, release_memory
 from cluster_fl.engine.diagnostics import Diagnostics
@@ -62,9 +63,14 @@ class RoundEngine:
 
     def __init__(self, cfg: Config, comm: Any, runner: ClientRunner, groups: Sequence[GroupSpec],
                  clients: Sequence[ClientData], policy: Any, noise: Any,
-                 server: ServerOptimizer, recorder: Any = None):
+                 server: ServerOptimizer, recorder: Any = None, layout: LaneLayout | None = None,
+                 device: torch.device | str = "cpu"):
         self.cfg = cfg
         self.comm = comm
+        # client lanes: world/G lanes of G ranks; the cohort is sharded over lanes, and a lane's
+        # leader alone adds its clients to the secure sum (G = 1: every rank is a lane)
+        self.layout = layout or LaneLayout(comm.world_size, 1, comm.rank)
+        self.device = torch.device(device)
         self.runner = runner
         self.groups = list(groups)
         self.clients = list(clients)
@@ -91,7 +97,7 @@ class RoundEngine:
         mode = mask_mode(cfg.aggregation.secure_sum, cfg.privacy.secure_mode)
         return SecureSummer(shapes, frac_bits=cfg.aggregation.fixed_point_bits,
                             max_clients=max(1, len(self.clients)), bounds=bounds, mode=mode,
-                            seed=cfg.run.seed)
+                            seed=cfg.run.seed, device=self.device)
 
     def _stat_bound(self) -> float:
         """Largest |entry| of one client's adaptive statistic in the fixed-point sum. The
@@ -105,12 +111,12 @@ class RoundEngine:
         return len(self.clients)
 
     def cohort(self, round_: int) -> tuple[list[int], list[int]]:
-        """(whole cohort, this rank's shard)."""
+        """(whole cohort, this rank's lane's shard): lanes, not ranks, are balanced."""
         fl = self.cfg.fl
         members = cohort_mod.sample_cohort(self.cfg.run.seed, round_, self.population,
                                            fl.clients_per_round, fl.sampling)
-        shards = cohort_mod.shard(members, [c.size for c in self.clients], self.comm.world_size)
-        return members, shards[self.comm.rank]
+        shards = cohort_mod.shard(members, [c.size for c in self.clients], self.layout.lanes)
+        return members, shards[self.layout.lane]
 
     def _weight(self, n_samples: int) -> float:
         agg = self.cfg.aggregation
@@ -126,11 +132,13 @@ class RoundEngine:
             thresholds.update(self.policy.pool_thresholds())
         summer = self.summer
         stat_size = self.policy.statistic_size if self.private else 0
+        # a lane's members train each client together; its leader speaks for the lane
+        contribute = summer.add if self.layout.leader else (lambda values: None)
         for index in mine:
             client = self.clients[index]
             items = client.load()
             if not items:  # no usable audio (none, or every row corrupt): skipped, counted
-                summer.add({"diag": self.diag.skipped()})
+                contribute({"diag": self.diag.skipped()})
                 continue
             upd: ClientUpdate = self.runner.train(index, items, state, round_)
             res = (self.policy.clip(upd.delta) if self.private
@@ -143,8 +151,8 @@ class RoundEngine:
             values["diag"] = self.diag.client_vector(res, upd.loss)
             if not self.private:
                 values["weight"] = torch.tensor([w], dtype=torch.float64)
-            summer.add(values)
-            if self.recorder is not None:
+            contribute(values)
+            if self.recorder is not None and self.layout.leader:
                 self.recorder.upload(round_, client, res, upd)
             del upd, res, values
             release_memory()

@@ -28,7 +28,12 @@ class ServerOptimizer:
         self.state["t"] += 1
         out = {}
         for name, p in params.items():
-            u = mean_update[name].to(torch.float64)
+            # the noised mean arrives on the communicator's side (CPU); the state lives on the
+            # model's device, and so does the optimiser state (a resumed one comes from CPU)
+            u = mean_update[name].to(device=p.device, dtype=torch.float64)
+            for key in ("m", "v"):
+                if name in self.state[key]:
+                    self.state[key][name] = self.state[key][name].to(p.device)
             if kind == "momentum":
                 m = self.state["m"].get(name, torch.zeros_like(u))
                 m = self.cfg.server_momentum * m + u

@@ -15,8 +15,10 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 
 from cluster_fl.config import Config, to_dict
+from cluster_fl.dist.parallelize import LaneLayout, Placement, parallelize, resolve_device
 from cluster_fl.engine.client import ClientRunner
 from cluster_fl.engine.cohort import sampling_rate
+from cluster_fl.engine.evaluation import ShardedEvaluation
 from cluster_fl.engine.ledger import RunLedger
 from cluster_fl.engine.recorder import ChannelRecorder
 from cluster_fl.engine.round import ClientData, RoundEngine
@@ -73,8 +75,10 @@ class World:
     ledger: Any
     server: ServerOptimizer
     engine: RoundEngine
-    eval_examples: list
+    evaluation: ShardedEvaluation
     population: int
+    placement: Placement
+    comm: Any
 
     def policy_state(self) -> dict:
         return self.policy.state_dict() if self.policy is not None else {}
@@ -89,15 +93,13 @@ class World:
         return [{"name": g.name, "component": g.component, "numel": g.numel, "pool": "all",
                  "threshold": None} for g in self.groups]
 
-    def evaluate(self, state: dict) -> tuple[dict, list[dict]]:
-        from cluster_fl.eval import evaluate
+    def evaluate(self, state: dict) -> tuple[dict | None, list[dict] | None]:
+        """Collective (every rank calls it): the model at ``state`` decodes the evaluation set,
+        sharded over lanes. Rank 0 gets (summary, rows); other ranks (None, None)."""
         from cluster_fl.models import set_trainable
 
         set_trainable(self.model, state)
-        e = self.cfg.eval
-        return evaluate(self.model, self.eval_examples, batch_size=e.batch_size,
-                        max_new_tokens=e.max_new_tokens, bootstrap=e.bootstrap,
-                        seed=self.cfg.run.seed)
+        return self.evaluation.run(self.model, self.placement, self.comm)
 
     def progress_line(self, r: int, rounds: int, row: dict) -> str:
         eps = row.get("epsilon")
@@ -128,7 +130,8 @@ class World:
 
 
 def load_clients(cfg: Config) -> tuple[Any, list[ClientData], list]:
-    """Feature store, federated clients (lazy features) and the evaluation examples."""
+    """Feature store, federated clients (lazy features) and the evaluation set's metadata
+    (features are loaded by the lane that decodes them)."""
     from cluster_fl.data import FeatureStore, load_utterances, partition_clients
 
     d = cfg.data
@@ -145,9 +148,9 @@ def load_clients(cfg: Config) -> tuple[Any, list[ClientData], list]:
                         f"{','.join(d.languages)} under {root}")
     out = [ClientData(index=c.index, client_id=c.client_id, speaker=c.speaker,
                       language=c.language, utterances=LazyExamples(store, c)) for c in clients]
-    eval_examples = store.split(d.eval_split, languages=list(d.languages),
+    eval_utts = load_utterances(root, languages=list(d.languages), splits=[d.eval_split],
                                 max_utterances=cfg.eval.max_utterances)
-    return store, out, eval_examples
+    return store, out, eval_utts
 
 
 def build_world(cfg: Config, comm: Any, log: Callable[[str], None]) -> World:
@@ -155,7 +158,7 @@ def build_world(cfg: Config, comm: Any, log: Callable[[str], None]) -> World:
                                    trainable_parameters)
     from cluster_fl.privacy import ledger_for, make_policy, noise_for
 
-    store, clients, eval_examples = load_clients(cfg)
+    store, clients, eval_utts = load_clients(cfg)
     if comm.rank == 0:
         for err in store.errors[:20]:  # corrupt rows are reported by id, never a traceback
             log(f"skipped unusable audio row {err.get('utterance_id')} ({err.get('shard')}): "
@@ -166,6 +169,10 @@ def build_world(cfg: Config, comm: Any, log: Callable[[str], None]) -> World:
     # so all ranks -- and a 1-rank run -- start from the same global state.
     torch.manual_seed(derive_seed(cfg.run.seed, "init"))
     model = build_model(cfg.model)
+    # device, dtype policy, activation checkpointing and lane sharding, from outside the model
+    layout = LaneLayout(comm.world_size, cfg.model.shard_group_size, comm.rank)
+    device = resolve_device(cfg.run.device, comm.local_rank)
+    placement = parallelize(model, cfg.model, device, layout)
     groups = trainable_groups(model)
     params = trainable_parameters(model)
     state = get_trainable(model)
@@ -176,19 +183,25 @@ def build_world(cfg: Config, comm: Any, log: Callable[[str], None]) -> World:
         raise UserError(f"fl.clients_per_round ({cfg.fl.clients_per_round}) exceeds the number "
                         f"of clients ({population})")
     q = sampling_rate(cfg.fl.clients_per_round, population)
-    runner = ClientRunner(model, params, groups, cfg.fl, cfg.client, make_batches, cfg.run.seed)
+    runner = ClientRunner(model, params, groups, cfg.fl, cfg.client, make_batches, cfg.run.seed,
+                          placement)
     noise = noise_for(cfg.privacy, cfg.run.seed)
     server = ServerOptimizer(cfg.aggregation)
     recorder = ChannelRecorder(run_dir(cfg), comm.rank) if cfg.audit.record_channels else None
-    engine = RoundEngine(cfg, comm, runner, groups, clients, policy, noise, server, recorder)
+    engine = RoundEngine(cfg, comm, runner, groups, clients, policy, noise, server, recorder,
+                         layout=layout, device=device)
+    e = cfg.eval
+    evaluation = ShardedEvaluation(store, eval_utts, layout, e.batch_size, e.max_new_tokens,
+                                   e.bootstrap, cfg.run.seed)
     ledger = RunLedger(ledger_for(cfg, population), policy,
                        record_channels=cfg.audit.record_channels)
     if comm.rank == 0:
         log(f"{population} clients, q={q:.3f}, {len(groups)} trainable groups "
-            f"({sum(g.numel for g in groups):,} parameters), {comm.world_size} rank(s), "
+            f"({sum(g.numel for g in groups):,} parameters), {comm.world_size} rank(s) in "
+            f"{layout.lanes} lane(s) of {layout.group_size}, {device}, base {cfg.model.dtype}, "
             + (f"DP {cfg.privacy.clipping} C={cfg.privacy.clip_norm} "
                f"sigma={cfg.privacy.noise_multiplier}" if private else "NON-PRIVATE FedAvg"))
-    return World(cfg, model, groups, state, policy, ledger, server, engine, eval_examples,
-                 population)
+    return World(cfg, model, groups, state, policy, ledger, server, engine, evaluation,
+                 population, placement, comm)
 
 

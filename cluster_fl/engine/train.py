@@ -98,8 +98,8 @@ def _train(cfg: Config, comm: Any, folder: Path, log: Log) -> Path:
     rows: list[dict] = []
     start_round = 1
     ckpt = load_checkpoint(folder)
-    if ckpt is not None:
-        state = ckpt["state"]
+    if ckpt is not None:  # checkpoints hold host tensors; the state lives on the model's device
+        state = {k: v.to(world.placement.device) for k, v in ckpt["state"].items()}
         world.server.load_state_dict(ckpt["server"])
         world.policy_load(ckpt["policy"])
         world.ledger.load_state_dict(ckpt["ledger"])
@@ -117,8 +117,9 @@ def _train(cfg: Config, comm: Any, folder: Path, log: Log) -> Path:
             world.ledger.step_round()
             out.row["epsilon"] = world.ledger.epsilon()
             if cfg.eval.every and r % cfg.eval.every == 0 and r < rounds:
-                summary, _ = world.evaluate(state)
-                out.row.update({k: v for k, v in summary.items() if k.startswith("wer")})
+                summary, _ = world.evaluate(state)  # every rank decodes its slice
+                if summary is not None:
+                    out.row.update({k: v for k, v in summary.items() if k.startswith("wer")})
             rows.append(out.row)
             log(world.progress_line(r, rounds, out.row))
             stop_now = _agree(comm, stop.set)
@@ -126,7 +127,8 @@ def _train(cfg: Config, comm: Any, folder: Path, log: Log) -> Path:
                 write_rows(folder / "rounds.parquet", rows)
                 if r % cfg.run.checkpoint_every == 0 or r == rounds or stop_now:
                     save_checkpoint(folder, {
-                        "round": r, "state": state, "server": world.server.state_dict(),
+                        "round": r, "state": {k: v.cpu() for k, v in state.items()},
+                        "server": world.server.state_dict(),
                         "policy": world.policy_state(), "ledger": world.ledger.state_dict(),
                         "rows": rows})
                 write_status(folder, "running", r, rounds)
@@ -136,8 +138,8 @@ def _train(cfg: Config, comm: Any, folder: Path, log: Log) -> Path:
                     write_status(folder, "preempted", r, rounds)
                 log(f"stopped by signal after round {r}; checkpoint saved, resubmit to resume")
                 raise Preempted(folder)
+    summary, eval_rows = world.evaluate(state)  # sharded over lanes; rank 0 gets the rows
     if comm.rank == 0:
-        summary, eval_rows = world.evaluate(state)
         write_rows(folder / "eval.parquet", eval_rows)
         write_json(folder / "privacy.json", world.ledger.to_json())
         final = world.final_row(summary, time.perf_counter() - t_start, git_commit())

@@ -3,9 +3,9 @@
     evaluate(model, utterances, batch_size, max_new_tokens, bootstrap, seed) -> (summary, rows)
 """
 
-from cluster_fl.eval.evaluate import EVAL_COLUMNS, evaluate, transcribe
+from cluster_fl.eval.evaluate import EVAL_COLUMNS, evaluate, score_rows, transcribe
 from cluster_fl.eval.metrics import (bootstrap_ci, error_counts, pooled_cer, pooled_wer,
                                      summarize)
 
-__all__ = ["EVAL_COLUMNS", "bootstrap_ci", "error_counts", "evaluate", "pooled_cer",
+__all__ = ["EVAL_COLUMNS", "bootstrap_ci", "error_counts", "evaluate", "score_rows", "pooled_cer",
            "pooled_wer", "summarize", "transcribe"]

@@ -58,6 +58,12 @@ def evaluate(model: SpeechLLM, utterances: Sequence[Any], batch_size: int = 32,
     """(summary, rows): pooled / per-language WER and CER with speaker-bootstrap CIs, and one
     row per utterance in the ``eval.parquet`` layout."""
     hyps = transcribe(model, utterances, batch_size, max_new_tokens)
+    rows = score_rows(utterances, hyps)
+    return summarize(rows, bootstrap=bootstrap, seed=seed), rows
+
+
+def score_rows(utterances: Sequence[Any], hyps: Sequence[str]) -> list[dict[str, Any]]:
+    """One ``eval.parquet`` row per utterance: normalised reference and hypothesis, error counts."""
     rows = []
     for u, hyp in zip(utterances, hyps):
         ref, hyp = normalize_text(_field(u, "transcript", "text")), normalize_text(hyp)
@@ -65,4 +71,4 @@ def evaluate(model: SpeechLLM, utterances: Sequence[Any], batch_size: int = 32,
                      "speaker": str(_field(u, "speaker")),
                      "language": str(_field(u, "language")),
                      "ref": ref, "hyp": hyp, **error_counts(ref, hyp)})
-    return summarize(rows, bootstrap=bootstrap, seed=seed), rows
+    return rows

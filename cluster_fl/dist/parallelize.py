@@ -1,0 +1,263 @@
+"""Parallelism, precision and placement, applied from outside the single-device model code.
+
+torchtitan's ``parallelize.py`` layout: the model files never mention devices, dtypes or ranks;
+:func:`parallelize` takes a built :class:`~cluster_fl.models.SpeechLLM` (LoRA applied) and, in a
+fixed order, applies
+
+1. the **dtype policy** -- the frozen base is stored in ``model.dtype`` (fp32, bf16, fp16); the
+   trainable groups (LoRA, connector) stay fp32 master weights, so AdamW, the update Δ, clipping
+   and the fixed-point sum are fp32 or wider; compute runs under autocast (:meth:`Placement.compute`);
+2. **device placement** -- ``run.device: cpu|cuda|auto``, each rank on ``cuda:LOCAL_RANK``;
+3. **activation checkpointing** -- every encoder and decoder layer recomputes its activations in
+   the backward pass (``model.activation_checkpointing``); parameter names do not change;
+4. **sharding of a client lane** -- with ``model.shard_group_size`` G > 1 the world's ranks form
+   world/G lanes (a 2-D mesh: lane × shard). The frozen base is sharded over the G ranks of a lane
+   with FSDP2 ``fully_shard`` (one unit per encoder/decoder layer, the rest in the root unit); the
+   trainable groups are *ignored* by FSDP and replicated, so Δ, clipping and the secure sum see
+   whole tensors exactly as in an unsharded run. A lane trains one client at a time: each member
+   runs its slice of every batch, the members' trainable gradients are summed over the lane and
+   divided by the batch's token count (:meth:`Placement.backward`), which is the gradient of the
+   whole batch's mean loss -- the unsharded step, within float tolerance.
+
+Only this package imports ``torch.distributed``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import torch
+import torch.distributed as tdist
+from torch import nn
+
+from cluster_fl.errors import UserError
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(spec: str, local_rank: int = 0) -> torch.device:
+    """``run.device`` -> this rank's device (``cuda:LOCAL_RANK`` on a GPU node)."""
+    if spec not in ("cpu", "cuda", "auto"):
+        raise UserError(f"run.device: got {spec!r}; allowed: cpu, cuda, auto")
+    if spec == "cpu" or (spec == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise UserError("run.device: cuda was asked for, but this process sees no CUDA device "
+                        "(check CUDA_VISIBLE_DEVICES and the torch build: "
+                        f"torch {torch.__version__})")
+    count = torch.cuda.device_count()
+    if local_rank >= count:
+        raise UserError(f"run.device: local rank {local_rank} has no GPU of its own "
+                        f"({count} visible); start one rank per GPU")
+    torch.cuda.set_device(local_rank)
+    return torch.device("cuda", local_rank)
+
+
+@dataclass(frozen=True)
+class LaneLayout:
+    """How the world's ranks form client lanes: ``lanes`` = world / G lanes of G ranks. Ranks
+    ``lane*G .. lane*G + G-1`` form lane ``lane``; its ``member`` 0 contributes the lane's
+    clipped updates to the secure sum and its evaluation rows."""
+
+    world_size: int
+    group_size: int
+    rank: int
+
+    def __post_init__(self) -> None:
+        if self.group_size < 1 or self.world_size % self.group_size:
+            raise UserError(f"model.shard_group_size: {self.group_size} does not divide the "
+                            f"world size {self.world_size}; start a multiple of G ranks")
+
+    @property
+    def lanes(self) -> int:
+        return self.world_size // self.group_size
+
+    @property
+    def lane(self) -> int:
+        return self.rank // self.group_size
+
+    @property
+    def member(self) -> int:
+        return self.rank % self.group_size
+
+    @property
+    def leader(self) -> bool:
+        """True on the member that speaks for the lane (writes its sum and rows)."""
+        return self.member == 0
+
+
+class Placement:
+    """Where and how a model computes: device, autocast dtype and the lane it belongs to.
+
+    :meth:`compute` is the autocast context for forward passes; :meth:`backward` runs one
+    training step's forward + backward for this rank's share of a batch and leaves the lane's
+    summed, token-normalised gradient in the trainable parameters' ``.grad``.
+    """
+
+    def __init__(self, device: torch.device, dtype: torch.dtype, layout: LaneLayout,
+                 lane_group: Any = None, shard: str = "none"):
+        self.device, self.dtype, self.layout = device, dtype, layout
+        self.lane_group, self.shard = lane_group, shard
+
+    @property
+    def sharded(self) -> bool:
+        return self.layout.group_size > 1
+
+    def compute(self) -> contextlib.AbstractContextManager:
+        """Autocast in the base dtype (nothing to do for an fp32 base)."""
+        if self.dtype == torch.float32:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.dtype)
+
+    def backward(self, model: nn.Module, batch: Mapping[str, Any],
+                 params: Mapping[str, torch.Tensor]) -> float:
+        """Forward + backward of the mean transcript-token loss of ``batch``; returns the loss.
+
+        Unsharded: the model's own loss. In a lane of G: this member's slice of the batch, the
+        sum of its token losses, gradients summed over the lane and divided by the batch's token
+        count (so every member holds the gradient of the whole batch's mean loss)."""
+        if not self.sharded:
+            with self.compute():
+                loss, _ = model.loss(batch)
+            loss.backward()
+            return float(loss.detach())
+        part, real = _member_slice(batch, self.layout.member, self.layout.group_size)
+        with self.compute():
+            loss, n_tokens = model.loss(part)
+        n_local = n_tokens if real else 0
+        (loss * n_local).backward()  # a member without rows still runs FSDP's collectives
+        grads = [p.grad for p in params.values() if p.grad is not None]
+        flat = torch.cat([g.reshape(-1).float() for g in grads] + [torch.tensor(
+            [float(n_local), float(loss.detach()) * n_local], device=self.device)])
+        tdist.all_reduce(flat, op=tdist.ReduceOp.SUM, group=self.lane_group)
+        total_tokens, loss_sum = float(flat[-2]), float(flat[-1])
+        scale = 1.0 / max(total_tokens, 1.0)
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset:offset + g.numel()].view_as(g) * scale)
+            offset += g.numel()
+        return loss_sum * scale
+
+
+def _member_slice(batch: Mapping[str, Any], member: int, size: int) -> tuple[dict, bool]:
+    """Rows ``member::size`` of a batch; a member left without rows gets row 0 (weight 0)."""
+    n = len(batch["texts"])
+    rows = list(range(member, n, size))
+    real = bool(rows)
+    rows = rows or [0]
+    index = torch.tensor(rows, dtype=torch.long)
+    out = {}
+    for key, value in batch.items():
+        if torch.is_tensor(value) and value.dim() > 0 and value.shape[0] == n:
+            out[key] = value.index_select(0, index)
+        elif isinstance(value, (list, tuple)) and len(value) == n:
+            out[key] = [value[i] for i in rows]
+        else:
+            out[key] = value
+    return out, real
+
+
+# --------------------------------------------------------------------------- the steps
+
+def apply_dtype(model: nn.Module, dtype: torch.dtype) -> None:
+    """Frozen parameters -> ``dtype``; trainable parameters -> fp32 master weights. Buffers
+    (rotary frequencies, ...) keep their own dtype, as ``from_pretrained`` leaves them."""
+    for p in model.parameters():
+        want = torch.float32 if p.requires_grad else dtype
+        if p.is_floating_point() and p.dtype != want:
+            p.data = p.data.to(want)
+
+
+def _layers(model: nn.Module) -> list[nn.Module]:
+    """The repeated blocks: encoder layers, then decoder layers."""
+    out: list[nn.Module] = []
+    for path in ("encoder.layers", "decoder.model.layers"):
+        mod: Any = model
+        for part in path.split("."):
+            mod = getattr(mod, part, None)
+            if mod is None:
+                break
+        if mod is not None:
+            out.extend(mod)
+    return out
+
+
+def apply_activation_checkpointing(model: nn.Module) -> int:
+    """Recompute every encoder/decoder layer in the backward pass (non-reentrant checkpoint).
+
+    The layer's ``forward`` is wrapped on the instance, so module and parameter names -- the
+    trainable group names -- are unchanged. Without gradients (evaluation) layers run as usual.
+    Returns the number of layers wrapped."""
+    from torch.utils.checkpoint import checkpoint
+
+    layers = _layers(model)
+    for layer in layers:
+        inner = layer.forward
+
+        @functools.wraps(inner)
+        def forward(*args: Any, _inner: Any = inner, **kwargs: Any) -> Any:
+            if torch.is_grad_enabled():
+                return checkpoint(_inner, *args, use_reentrant=False, **kwargs)
+            return _inner(*args, **kwargs)
+
+        layer.forward = forward
+    return len(layers)
+
+
+def apply_fsdp2(model: nn.Module, mesh: Any, device: torch.device) -> None:
+    """Shard the frozen base over the lane's ranks: one FSDP2 unit per layer, the root unit for
+    the rest (convolutions, embeddings, norms, head). Trainable parameters are ignored (kept
+    whole and replicated on ``device``). The model is called through ``loss`` and
+    ``audio_embeddings`` (greedy decoding starts with it), so those are registered as forward
+    methods: the root's parameters are gathered before them."""
+    from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
+
+    trainable = {p for p in model.parameters() if p.requires_grad}
+    with torch.no_grad():
+        for p in trainable:
+            p.data = p.data.to(device)
+    for layer in _layers(model):
+        fully_shard(layer, mesh=mesh, ignored_params=trainable & set(layer.parameters()))
+    fully_shard(model, mesh=mesh, ignored_params=trainable)
+    for method in ("loss", "audio_embeddings"):
+        register_fsdp_forward_method(model, method)
+
+
+def lane_mesh(layout: LaneLayout, device: torch.device) -> Any:
+    """The (lane, shard) device mesh; returns the ``shard`` sub-mesh of this rank's lane."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if not tdist.is_initialized():
+        raise UserError("model.shard_group_size > 1 needs a process group: start the run with "
+                        "torchrun or srun (one process per rank)")
+    mesh = init_device_mesh(device.type, (layout.lanes, layout.group_size),
+                            mesh_dim_names=("lane", "shard"))
+    return mesh["shard"]
+
+
+def parallelize(model: nn.Module, model_cfg: Any, device: torch.device,
+                layout: LaneLayout | None = None) -> Placement:
+    """Apply dtype, device, activation checkpointing and sharding to ``model`` (in place, in that
+    order) and return its :class:`Placement`. ``model_cfg`` is a ``ModelConfig``."""
+    layout = layout or LaneLayout(1, 1, 0)
+    dtype = DTYPES[model_cfg.dtype]
+    apply_dtype(model, dtype)
+    shard = model_cfg.shard if layout.group_size > 1 else "none"
+    if shard == "none":
+        model.to(device)
+    if model_cfg.activation_checkpointing:
+        apply_activation_checkpointing(model)
+    group = None
+    if shard == "fsdp2":
+        mesh = lane_mesh(layout, device)
+        apply_fsdp2(model, mesh, device)
+        group = mesh.get_group()
+    elif shard == "deepspeed":
+        from cluster_fl.dist.deepspeed import apply_zero3
+
+        group = apply_zero3(model, layout, device)
+    return Placement(device, dtype, layout, group, shard)
+

@@ -1,0 +1,84 @@
+"""Evaluation sharded across client lanes: each lane decodes and loads only its slice.
+
+The evaluation set is planned from metadata alone (no features loaded): utterances sorted by
+(duration, transcript length, id) and cut into batches of ``eval.batch_size``. Batches, not
+utterances, are dealt to lanes (batch b to lane b mod L), so every batch holds the same
+utterances whatever the number of ranks -- and decoding a batch is a deterministic function of
+its utterances, so the rows equal a 1-rank evaluation's exactly. A lane loads the features of
+its batches one corpus shard at a time (never the whole split), decodes them, and its leader's
+rows are gathered on rank 0 (a ``slow`` collective: it waits for the slowest lane), which puts
+them back in the evaluation set's order and scores them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from cluster_fl.dist.parallelize import LaneLayout, Placement
+
+
+def plan_batches(utterances: Sequence[Any], batch_size: int) -> list[list[int]]:
+    """Indices into ``utterances`` grouped into decoding batches (shortest first)."""
+    order = sorted(range(len(utterances)), key=lambda i: (
+        utterances[i].duration or 0.0, len(utterances[i].transcript), utterances[i].utterance_id))
+    return [order[s:s + batch_size] for s in range(0, len(order), batch_size)]
+
+
+def load_examples(store: Any, utterances: Sequence[Any]) -> dict[str, Any]:
+    """utterance id -> example for ``utterances``, one corpus shard in memory at a time."""
+    by_shard: dict[str, list[Any]] = {}
+    for u in utterances:
+        by_shard.setdefault(u.shard, []).append(u)
+    out: dict[str, Any] = {}
+    for group in by_shard.values():
+        for ex in store.examples(group):
+            out[ex.utterance_id] = ex
+        store.release()  # drop the shard's other utterances (each feature is its own tensor)
+    return out
+
+
+class ShardedEvaluation:
+    """The run's evaluation set (metadata) and how this rank takes part in decoding it."""
+
+    def __init__(self, store: Any, utterances: Sequence[Any], layout: LaneLayout,
+                 batch_size: int, max_new_tokens: int, bootstrap: int, seed: int):
+        self.store, self.utterances, self.layout = store, list(utterances), layout
+        self.batch_size, self.max_new_tokens = batch_size, max_new_tokens
+        self.bootstrap, self.seed = bootstrap, seed
+
+    def my_batches(self) -> list[list[int]]:
+        """This lane's batches (every member of a lane decodes the same ones)."""
+        batches = plan_batches(self.utterances, self.batch_size)
+        return batches[self.layout.lane::self.layout.lanes]
+
+    def decode(self, model: Any, placement: Placement) -> list[tuple[int, dict]]:
+        """(index, row) for every utterance of this lane's batches that has features."""
+        from cluster_fl.eval import score_rows, transcribe
+
+        batches = self.my_batches()
+        examples = load_examples(self.store, [self.utterances[i] for b in batches for i in b])
+        out: list[tuple[int, dict]] = []
+        for batch in batches:
+            idx = [i for i in batch if self.utterances[i].utterance_id in examples]
+            items = [examples[self.utterances[i].utterance_id] for i in idx]
+            if not items:
+                continue
+            with placement.compute():
+                hyps = transcribe(model, items, batch_size=len(items),
+                                  max_new_tokens=self.max_new_tokens)
+            out.extend(zip(idx, score_rows(items, hyps)))
+        return out
+
+    def run(self, model: Any, placement: Placement, comm: Any
+            ) -> tuple[dict | None, list[dict] | None]:
+        """Collective: every rank calls it. Rank 0 gets (summary, rows in set order); the other
+        ranks get (None, None)."""
+        from cluster_fl.eval.metrics import summarize
+
+        mine = self.decode(model, placement) if len(self.utterances) else []
+        gathered = comm.all_gather_object(mine if self.layout.leader else [], slow=True)
+        if comm.rank != 0:
+            return None, None
+        rows = [row for _, row in sorted((pair for part in gathered for pair in part),
+                                         key=lambda pair: pair[0])]
+        return summarize(rows, bootstrap=self.bootstrap, seed=self.seed), rows
