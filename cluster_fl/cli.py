@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "table": ("cluster_fl.experiments.table", "multi-seed tables from results folders"),
     "plot": ("cluster_fl.experiments.plot", "figures from results folders"),
     "calibrate": ("cluster_fl.experiments.calibrate", "norm probe on public data -> alpha"),
+    "plan": ("cluster_fl.experiments.plan", "per-GPU memory of a config; smallest lane size G"),
     "account": ("cluster_fl.privacy.commands", "epsilon for a config; sigma for a target epsilon"),
     "thresholds": ("cluster_fl.privacy.commands", "per-group thresholds, per-pool sigma"),
     "make-corpus": ("cluster_fl.data.corpus", "synthetic multilingual corpus (MLS layout)"),

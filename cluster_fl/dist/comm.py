@@ -112,16 +112,19 @@ class TorchComm(Comm):
         self.wait_timeout_s = max(timeout_s, wait_timeout_s or timeout_s)
         self.device = (torch.device("cuda", local_rank) if backend == "nccl"
                        else torch.device("cpu"))
-        self._slow_group: Any = None  # made lazily (every rank makes it at the same call)
+        self._slow_group: Any = None  # made by make_groups(), right after the process group
         self._closed = False
 
-    def _group(self, slow: bool) -> Any:
-        if not slow or self.wait_timeout_s == self.timeout_s:
-            return None  # the default group
-        if self._slow_group is None:
+    def make_groups(self) -> None:
+        """Create the second group (same ranks, the long limit). Collective: called by
+        :func:`init_comm` while every rank is known to be alive -- made lazily, a rank that died
+        before its first slow collective would leave its peers waiting in group creation."""
+        if self.wait_timeout_s > self.timeout_s and self._slow_group is None:
             self._slow_group = tdist.new_group(
                 backend=self.backend, timeout=datetime.timedelta(seconds=self.wait_timeout_s))
-        return self._slow_group
+
+    def _group(self, slow: bool) -> Any:
+        return self._slow_group if slow else None  # None: the default group
 
     def _run(self, what: str, op: Callable[[], Any], slow: bool = False) -> Any:
         # Turn backend errors (gloo "Connection closed by peer", timeouts) into one clear error.
@@ -202,6 +205,7 @@ def init_comm(timeout_s: int, backend: str | None = None,
                      local_rank=launch.local_rank, local_world_size=launch.local_world_size,
                      backend=backend, timeout_s=timeout_s, wait_timeout_s=wait_timeout_s)
     if tdist.is_initialized():  # someone (a launcher wrapper) set it up already: reuse it
+        comm.make_groups()
         return comm
     kwargs: dict[str, Any] = {}
     if backend == "nccl":
@@ -211,6 +215,7 @@ def init_comm(timeout_s: int, backend: str | None = None,
         backend=backend, init_method=f"tcp://{_url_host(launch.master_addr)}:{launch.master_port}",
         rank=launch.rank, world_size=launch.world_size,
         timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
+    comm.make_groups()
     return comm
 
 

@@ -44,7 +44,8 @@ def free_port() -> int:
 
 
 def _child(fn: Callable[..., Any], rank: int, world_size: int, port: int, comm_timeout_s: int,
-           threads: int, use_fake: bool, results: Any, args: tuple) -> None:
+           threads: int, use_fake: bool, results: Any, args: tuple,
+           wait_timeout_s: int | None = None) -> None:
     comm: Comm | None = None
     try:
         torch.set_num_threads(threads)
@@ -52,7 +53,8 @@ def _child(fn: Callable[..., Any], rank: int, world_size: int, port: int, comm_t
                "LOCAL_WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1",
                "MASTER_PORT": str(port)}
         os.environ.update(env)
-        comm = LocalComm() if use_fake else init_comm(comm_timeout_s, "gloo", env)
+        comm = LocalComm() if use_fake else init_comm(comm_timeout_s, "gloo", env,
+                                                      wait_timeout_s=wait_timeout_s)
         out = fn(comm, *args)
         # plain pickle bytes: torch's queue reducers would share tensors through file
         # descriptors that die with this process
@@ -69,7 +71,7 @@ def _child(fn: Callable[..., Any], rank: int, world_size: int, port: int, comm_t
 
 def spawn(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float = 120.0,
           comm_timeout_s: int = 30, threads: int = 1, use_fake: bool = False,
-          raise_on_error: bool = True) -> list[Any]:
+          raise_on_error: bool = True, wait_timeout_s: int | None = None) -> list[Any]:
     """Run ``fn(comm, *args)`` in ``world_size`` fresh processes (gloo on a free localhost port,
     or :class:`LocalComm` when ``use_fake`` and world size 1) and return the results by rank.
     ``fn`` and its results must pickle. A child's exception raises :class:`SpawnError` with its
@@ -81,7 +83,8 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float 
     results = ctx.Queue()
     port = free_port()
     procs = [ctx.Process(target=_child, daemon=True, args=(
-        fn, r, world_size, port, comm_timeout_s, threads, use_fake, results, args))
+        fn, r, world_size, port, comm_timeout_s, threads, use_fake, results, args,
+        wait_timeout_s))
         for r in range(world_size)]
     for p in procs:
         p.start()

@@ -70,7 +70,8 @@ def run_training(cfg: Config, comm: Any = None) -> Path:
     from cluster_fl import dist
 
     own_comm = comm is None
-    comm = comm or dist.init_comm(timeout_s=cfg.run.timeout_s)
+    comm = comm or dist.init_comm(timeout_s=cfg.run.timeout_s,
+                                  wait_timeout_s=cfg.run.wait_timeout_s)
     folder = run_dir(cfg)
     main = comm.rank == 0
     try:
@@ -82,7 +83,7 @@ def run_training(cfg: Config, comm: Any = None) -> Path:
             folder.mkdir(parents=True, exist_ok=True)
             _check_existing(folder, cfg)
             write_config(folder, cfg)
-        comm.barrier()
+        comm.barrier(slow=True)  # waits for rank 0's file system
         log = Log(folder, main)
         return _train(cfg, comm, folder, log)
     finally:
@@ -132,7 +133,7 @@ def _train(cfg: Config, comm: Any, folder: Path, log: Log) -> Path:
                         "policy": world.policy_state(), "ledger": world.ledger.state_dict(),
                         "rows": rows})
                 write_status(folder, "running", r, rounds)
-            comm.barrier()
+            comm.barrier(slow=True)  # waits for rank 0's checkpoint write
             if stop_now and r < rounds:
                 if comm.rank == 0:
                     write_status(folder, "preempted", r, rounds)
@@ -146,7 +147,7 @@ def _train(cfg: Config, comm: Any, folder: Path, log: Log) -> Path:
         write_rows(folder / "final.parquet", [final])
         write_status(folder, "done", rounds, rounds)
         log(f"done: WER {final.get('wer', float('nan')):.4f}, epsilon {final['epsilon']:.3g} -> {folder}")
-    comm.barrier()
+    comm.barrier(slow=True)  # waits for rank 0's scoring and writes
     return folder
 
 

@@ -1,11 +1,20 @@
 """``cluster-fl grid GRID``: expand a grid and submit what is missing with submitit.
 
-One array job per grid, one task per cell x seed, resources from the grid. Each task is a
-:class:`GridTask`, a submitit ``Checkpointable``: on preemption or timeout SLURM sends USR2
-(``signal_delay_s`` before the kill), submitit calls :meth:`GridTask.checkpoint`, which returns the
-same task, and requeues the job (``scontrol requeue``); the requeued task calls the engine again,
-which resumes from the last atomic checkpoint in the run folder. Idempotence comes from the run
-folders: before submitting, every run's state is read (:mod:`cluster_fl.experiments.status`) and
+One array job per grid, one task per cell x seed, resources from the grid (a request that no node
+of the partition can satisfy is refused before submission, naming the resource). Each task is a
+:class:`GridTask`, a submitit ``Checkpointable``. Preemption: the engine owns SIGUSR2/SIGTERM while
+it trains, checkpoints at the round boundary and raises ``Preempted``; then
+
+* the job still RUNNING (SIGUSR2 from ``--signal=USR2@signal_delay_s`` before the time limit, or
+  ``scancel --signal=USR2``): the task requeues itself (``scontrol requeue``) as submitit would;
+* the scheduler already stopping it (``scontrol requeue``, preemption, ``scancel``: the job is
+  COMPLETING or PENDING when SIGTERM arrives): the task leaves without a result, since a second
+  requeue would fail ("Job is pending execution") or bring a cancelled job back.
+
+The requeued task calls the engine again, which resumes from the last atomic checkpoint in the run
+folder. ``--wait`` and ``status`` judge a run by its folder's ``status.json``, with the scheduler's
+state as supporting evidence (:mod:`cluster_fl.experiments.status`), never by a submitit result:
+the first attempt of a requeued task is not the run. Idempotence comes from the run folders too:
 only ``failed`` or ``missing`` runs are submitted; the job of each submitted run is recorded in
 ``<out>/<experiment>/.grid/jobs.json`` so a run still queued is not submitted twice.
 
@@ -19,6 +28,8 @@ import argparse
 import os
 import signal
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -30,10 +41,13 @@ from cluster_fl.config import Config, build_config, parse_override, to_dict
 from cluster_fl.dist.launch import submitit_torch_env
 from cluster_fl.errors import UserError
 from cluster_fl.experiments.gridspec import Grid, Resources, RunSpec, expand, load_grid, run_folder
+from cluster_fl.experiments import status as status_mod
 from cluster_fl.experiments.status import RESUBMIT, format_states, grid_states, write_registry
 
 TrainFn = Callable[[Config], Any]
 CLUSTERS = ("local", "slurm", "debug")
+POLL_S = 5.0  # at most this long between two looks of `--wait` at the run folders and squeue
+PREEMPTED_EXIT = 75  # the engine's exit code for "checkpointed on a signal" (EX_TEMPFAIL)
 
 
 def _engine_train(cfg: Config) -> Path:
@@ -71,9 +85,11 @@ class GridTask(Checkpointable):
         except Exception as exc:
             # The engine owns SIGTERM/SIGUSR2 while it trains: on a signal it checkpoints at the
             # round boundary and raises ``Preempted`` (matched by name so this module need not
-            # import torch). Hand over to submitit's requeue path, as its own handler would.
+            # import torch). Hand over to the requeue path, as submitit's own handler would.
             if type(exc).__name__ == "Preempted":
                 _requeue(self)
+            else:
+                _record_failure(cfg, exc)
             raise
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> DelayedSubmission:
@@ -83,8 +99,9 @@ class GridTask(Checkpointable):
 
 
 def _requeue(task: GridTask) -> None:
-    """Checkpoint ``task`` into the job's pickle and requeue the job (exits the process);
-    returns only when not inside a requeueable submitit job."""
+    """Checkpoint ``task`` into the job's pickle and requeue the job (exits the process); when
+    the scheduler is already stopping the job, exit without a result instead (see the module
+    docstring). Returns only when not inside a requeueable submitit job."""
     from submitit.core.job_environment import SignalHandler
 
     try:
@@ -93,9 +110,73 @@ def _requeue(task: GridTask) -> None:
         return
     if env.cluster not in ("slurm", "local"):
         return
+    if env.cluster == "slurm":
+        state = status_mod.slurm_job_state(env.job_id)
+        if state is not None and state != "RUNNING":
+            _leave(f"job {env.job_id} is {state}: the scheduler is stopping it (requeue, "
+                   "preemption or cancel); not requeueing it again")
     delayed = DelayedSubmission.load(env.paths.submitted_pickle)
     delayed.function = task
-    SignalHandler(env, env.paths, delayed).checkpoint_and_try_requeue(signal.SIGUSR2)
+    try:
+        SignalHandler(env, env.paths, delayed).checkpoint_and_try_requeue(signal.SIGUSR2)
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as exc:
+        # raced with the scheduler's own requeue or cancel between the check and the call
+        _leave(f"scontrol requeue {env.job_id} failed ({exc}); the scheduler decides what runs next")
+    # the handler returns only on ranks other than 0, whose rank 0 requeues the whole job
+    _leave(f"rank {env.global_rank}: checkpointed; rank 0 requeues job {env.job_id}")
+
+
+def _leave(message: str) -> None:
+    """End this attempt without a submitit result: the run folder holds the checkpoint and
+    ``grid``/``status`` read the run's fate from it once the scheduler is done with the job."""
+    print(f"cluster-fl grid: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(PREEMPTED_EXIT)
+
+
+def _record_failure(cfg: Config, exc: Exception) -> None:
+    """Mark the run folder failed with the error (rank 0, unless the run already finished), as
+    ``cluster-fl train`` does, so ``status`` can say why without reading logs."""
+    from cluster_fl.dist.launch import launch_rank
+
+    folder = run_folder(cfg)
+    if launch_rank() != 0 or not folder.is_dir():
+        return
+    from cluster_fl.engine.rundir import write_status
+
+    status = status_mod.read_status(folder) or {}
+    if status.get("state") != "done":
+        write_status(folder, "failed", status.get("round", 0), cfg.fl.rounds,
+                     error=f"{type(exc).__name__}: {exc}")
+
+
+def check_resources(grid: Grid) -> None:
+    """Refuse a request that no node of the partition can ever satisfy, naming the resource:
+    SLURM would queue it forever (CPUs, nodes) or refuse it without saying which key is wrong."""
+    nodes = status_mod.slurm_nodes(grid.resources.partition)
+    if nodes is None:  # sinfo cannot answer: let sbatch decide
+        return
+    r = grid.resources
+    where = f"partition {r.partition}" if r.partition else "the default partition"
+    if not nodes:
+        raise UserError(f"resources.partition: {where} has no nodes"
+                        + (f" or does not exist" if r.partition else ""))
+    checks = [
+        ("nodes", r.nodes, len(nodes), "nodes", f"{where} has {len(nodes)}"),
+        ("cpus_per_task", r.cpus_per_task * r.tasks_per_node, max(n["cpus"] for n in nodes),
+         "CPUs per node" + (f" ({r.cpus_per_task} x tasks_per_node {r.tasks_per_node})"
+                            if r.tasks_per_node > 1 else ""),
+         f"the largest node of {where} has {max(n['cpus'] for n in nodes)}"),
+        ("gpus_per_task", r.gpus_per_task * r.tasks_per_node, max(n["gpus"] for n in nodes),
+         "GPUs per node", f"the largest node of {where} has {max(n['gpus'] for n in nodes)}"),
+    ]
+    if r.mem_gb is not None:
+        checks.append(("mem_gb", int(r.mem_gb * 1024), max(n["mem_mb"] for n in nodes),
+                       "MB of memory per node",
+                       f"the largest node of {where} has {max(n['mem_mb'] for n in nodes)} MB"))
+    for key, need, have, what, fact in checks:
+        if need > have:
+            raise UserError(f"resources.{key}={getattr(r, key)} asks for {need} {what}, but {fact}; "
+                            "no node can ever run it")
 
 
 def executor_parameters(grid: Grid, cluster: str) -> dict[str, Any]:
@@ -146,38 +227,61 @@ def plan(grid: Grid, extra: dict[str, Any] | None = None) -> tuple[list[RunSpec]
 
 
 def submit(grid: Grid, specs: Sequence[RunSpec], cluster: str, train_fn: TrainFn | None = None,
-           wait: bool = False) -> list[Any]:
+           wait: bool = False, poll_s: float = POLL_S) -> tuple[list[Any], dict[str, str]]:
     """Submit ``specs`` as one array job (in waves of ``array_parallelism`` on ``local``); record
-    each run's job in the registry. ``debug`` runs them now; ``wait`` blocks until all finish."""
+    each run's job in the registry. ``debug`` runs them now; ``wait`` blocks until all end.
+    Returns the jobs and, for the runs waited for, ``run id -> reason`` of those that failed."""
     if not specs:
-        return []
+        return [], {}
+    if cluster == "slurm":
+        check_resources(grid)
     executor = make_executor(grid, cluster)
     tasks = [GridTask(to_dict(s.config), train_fn) for s in specs]
     for spec in specs:  # the engine owns the folder; create it so logs have a home early
         run_folder(spec.config).parent.mkdir(parents=True, exist_ok=True)
     wave = grid.resources.array_parallelism if cluster == "local" else len(tasks)
     jobs: list[Any] = []
+    failed: dict[str, str] = {}
     for start in range(0, len(tasks), wave):
+        chunk_specs = specs[start:start + wave]
         chunk = executor.submit_array(tasks[start:start + wave])
         write_registry(grid, {
             spec.run_id: {"cluster": cluster, "job_id": str(job.job_id), "host": socket.gethostname(),
                           "submitted": time.strftime("%Y-%m-%dT%H:%M:%S")}
-            for spec, job in zip(specs[start:start + wave], chunk)})
+            for spec, job in zip(chunk_specs, chunk)})
         jobs.extend(chunk)
         # debug jobs run only when their result is asked for; local waves throttle the machine
         more = start + wave < len(tasks)
         if wait or cluster == "debug" or (cluster == "local" and more):
-            _wait(chunk, specs[start:start + wave])
-    return jobs
+            failed.update(wait_for_runs(grid, chunk_specs, chunk, cluster, poll_s))
+    return jobs, failed
 
 
-def _wait(jobs: Sequence[Any], specs: Sequence[RunSpec]) -> None:
-    """Block until the jobs end; a failing run is reported, not raised (its folder says failed)."""
-    for job, spec in zip(jobs, specs):
-        try:
-            job.result()
-        except Exception as exc:  # noqa: BLE001 -- one failed run must not stop the grid
-            print(f"run {spec.run_id} failed: {str(exc).strip().splitlines()[-1] if str(exc) else exc!r}")
+def wait_for_runs(grid: Grid, specs: Sequence[RunSpec], jobs: Sequence[Any], cluster: str,
+                  poll_s: float = POLL_S) -> dict[str, str]:
+    """Block until no run of ``specs`` is pending or running, judged from the run folders and the
+    scheduler's liveness (never from submitit results, which a requeued task's first attempt may
+    have left as an error); print and return ``run id -> reason`` for each run that did not finish."""
+    if cluster == "debug":
+        for job in jobs:  # runs the task in this process; its folder says how it ended
+            try:
+                job.result()
+            except Exception:  # noqa: BLE001 -- one failed run must not stop the grid
+                pass
+    delay = min(0.2, poll_s)
+    while True:
+        states = status_mod.grid_states_of(list(specs), status_mod.read_registry(grid))
+        if not any(state in ("pending", "running") for _, state in states):
+            break
+        time.sleep(delay)
+        delay = min(delay * 1.5, poll_s)
+    registry = status_mod.read_registry(grid)
+    failed = {}
+    for spec, state in states:
+        if state != "done":
+            failed[spec.run_id] = status_mod.failure_reason(grid, spec, registry.get(spec.run_id))
+            print(f"run {spec.run_id} failed: {failed[spec.run_id]}", flush=True)
+    return failed
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -198,12 +302,18 @@ def run(args: argparse.Namespace, train_fn: TrainFn | None = None) -> int:
     print(f"grid {grid.experiment}: {len(states)} runs under {grid.root}")
     print(format_states(states))
     if args.dry_run:
+        if args.cluster == "slurm" and todo:
+            check_resources(grid)
         for spec in todo:
             axes = " ".join(f"{k}={v}" for k, v in spec.axes.items())
             print(f"would submit {spec.run_id}  ({axes} seed={spec.seed}) -> {run_folder(spec.config)}")
         print(f"dry run: {len(todo)} of {len(states)} runs would be submitted to {args.cluster}")
         return 0
-    jobs = submit(grid, todo, args.cluster, train_fn=train_fn, wait=args.wait)
+    jobs, failed = submit(grid, todo, args.cluster, train_fn=train_fn, wait=args.wait)
     ids = sorted({str(j.job_id).split("_")[0] for j in jobs})
     print(f"submitted {len(jobs)} runs to {args.cluster}" + (f" (job {', '.join(ids)})" if ids else ""))
+    if failed:
+        print(f"{len(failed)} of {len(jobs)} runs failed (`cluster-fl status {args.grid}`; "
+              "submitting the grid again resubmits them)")
+        return 1
     return 0

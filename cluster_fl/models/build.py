@@ -142,10 +142,15 @@ def _load_real(spec: ArchSpec, model_cfg: ModelConfig, tokenizer: Tokenizer) -> 
                             f"e.g. {spec.defaults.get(key.split('.')[-1].split('_')[0], '?')})")
         return path
 
+    # Load straight into the storage dtype of the frozen base (an fp16 or bf16 checkpoint is
+    # cast once here, not after a full fp32 copy); the trainable groups are made fp32 masters
+    # afterwards (cluster_fl.dist.parallelize.apply_dtype).
+    dtype = getattr(torch, getattr(model_cfg, "dtype", "float32"))
     try:
         if spec.family == "voxtral":
             path = need(model_cfg.decoder_path or model_cfg.encoder_path, "model.decoder_path")
-            vox = VoxtralForConditionalGeneration.from_pretrained(path, local_files_only=True)
+            vox = VoxtralForConditionalGeneration.from_pretrained(path, local_files_only=True,
+                                                                  dtype=dtype)
             cfg = vox.config
             connector = VoxtralConnector(
                 cfg.audio_config.intermediate_size // cfg.audio_config.hidden_size,
@@ -153,9 +158,11 @@ def _load_real(spec: ArchSpec, model_cfg: ModelConfig, tokenizer: Tokenizer) -> 
             decoder = _shell(vox)
             return SpeechLLM(spec.name, vox.model.audio_tower, connector, decoder, tokenizer)
         encoder = WhisperModel.from_pretrained(
-            need(model_cfg.encoder_path, "model.encoder_path"), local_files_only=True).encoder
+            need(model_cfg.encoder_path, "model.encoder_path"), local_files_only=True,
+            dtype=dtype).encoder
         decoder = LlamaForCausalLM.from_pretrained(
-            need(model_cfg.decoder_path, "model.decoder_path"), local_files_only=True)
+            need(model_cfg.decoder_path, "model.decoder_path"), local_files_only=True,
+            dtype=dtype)
     except OSError as exc:
         raise UserError(f"model.arch {spec.name}: cannot load local weights ({exc})") from None
     connector = StackConnector(spec.stack, encoder.config.d_model, decoder.config.hidden_size)

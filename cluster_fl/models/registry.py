@@ -37,7 +37,7 @@ _TINY_ENCODER = dict(d_model=128, encoder_layers=3, encoder_attention_heads=4, e
 _TINY_DECODER = dict(hidden_size=192, num_hidden_layers=3, num_attention_heads=4,
                      num_key_value_heads=4, intermediate_size=512, max_position_embeddings=1024,
                      tie_word_embeddings=True, attn_implementation="eager")
-# Real dimensions (whisper-large-v3 encoder; TinyLlama-1.1B; EuroLLM-1.7B; Voxtral-Mini-3B).
+# Real dimensions (whisper-large-v3 encoder; TinyLlama-1.1B; EuroLLM-1.7B and -9B; Voxtral-Mini-3B).
 _WHISPER_LARGE = dict(d_model=1280, encoder_layers=32, encoder_attention_heads=20,
                       encoder_ffn_dim=5120, num_mel_bins=128, max_source_positions=1500)
 _TINYLLAMA = dict(hidden_size=2048, num_hidden_layers=22, num_attention_heads=32,
@@ -46,6 +46,10 @@ _TINYLLAMA = dict(hidden_size=2048, num_hidden_layers=22, num_attention_heads=32
 _EUROLLM = dict(hidden_size=2048, num_hidden_layers=24, num_attention_heads=16,
                 num_key_value_heads=8, intermediate_size=5632, vocab_size=128000,
                 max_position_embeddings=4096)
+# EuroLLM-9B: the same Llama layout, 42 layers of 4096 (GQA 32/8); sized by `cluster-fl plan`.
+_EUROLLM_9B = dict(hidden_size=4096, num_hidden_layers=42, num_attention_heads=32,
+                   num_key_value_heads=8, intermediate_size=12288, vocab_size=128000,
+                   max_position_embeddings=4096)
 _VOXTRAL_MINI_TEXT = dict(hidden_size=3072, num_hidden_layers=30, num_attention_heads=32,
                           num_key_value_heads=8, intermediate_size=8192, vocab_size=131072,
                           head_dim=128, max_position_embeddings=131072)
@@ -59,6 +63,10 @@ REGISTRY: dict[str, ArchSpec] = {
         "whisper-eurollm", "whisper-llama", _WHISPER_LARGE, _EUROLLM, stack=4, tiny=False,
         tokenizer="hf", defaults={"encoder": "openai/whisper-large-v3",
                                   "decoder": "utter-project/EuroLLM-1.7B"}),
+    "whisper-eurollm-9b": ArchSpec(
+        "whisper-eurollm-9b", "whisper-llama", _WHISPER_LARGE, _EUROLLM_9B, stack=4, tiny=False,
+        tokenizer="hf", defaults={"encoder": "openai/whisper-large-v3",
+                                  "decoder": "utter-project/EuroLLM-9B"}),
     "voxtral": ArchSpec(
         # Voxtral's projector stacks intermediate_size / d_model = 4 frames after a 2x conv,
         # then two linear layers ("deeper, higher compression" than the stacking connector).

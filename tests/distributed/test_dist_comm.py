@@ -80,3 +80,27 @@ def test_a_dead_or_stuck_rank_fails_its_peer_within_the_timeout(how):
     if how == "stall":
         assert r0["elapsed"] >= TIMEOUT_S - 1.0
     assert time.monotonic() - t0 < 45
+
+
+def killed_in_slow_wait(comm):
+    """Rank 1 dies at once; rank 0 waits in a ``slow`` all-reduce whose limit is 120 s."""
+    if comm.rank == 1:
+        time.sleep(1.0)
+        os._exit(1)
+    start = time.monotonic()
+    try:
+        comm.all_reduce_sum(torch.ones(4, dtype=torch.int64), slow=True)
+    except CommError as exc:
+        return {"elapsed": time.monotonic() - start, "error": str(exc)}
+    return {"elapsed": time.monotonic() - start, "error": None}
+
+
+def test_a_killed_rank_fails_a_slow_wait_within_the_dead_peer_timeout():
+    # the long limit is for live-but-slow ranks; a dead one closes its sockets and is seen at once
+    out = spawn(killed_in_slow_wait, 2, timeout_s=60, comm_timeout_s=TIMEOUT_S, wait_timeout_s=120,
+                raise_on_error=False)
+    assert isinstance(out[1], RankFailure)
+    r0 = out[0]
+    assert not isinstance(r0, RankFailure), r0
+    assert r0["error"] is not None and "within 120 s" in r0["error"]
+    assert r0["elapsed"] <= TIMEOUT_S + 3.0

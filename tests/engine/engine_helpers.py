@@ -35,6 +35,7 @@ FAKE_GROUPS = [GroupSpec("enc.q.A", "encoder", 24, (4, 6)), GroupSpec("enc.q.B",
 # checkpoint) and a server optimiser with state (momentum).
 TINY_RUN = ["model.arch=whisper-tinyllama-tiny", "fl.rounds=2", "fl.clients_per_round=4",
             "fl.max_local_steps=2", "fl.batch_size=4", "eval.max_utterances=4",
+            "eval.batch_size=1",  # four evaluation batches: both ranks of a parity run decode
             "eval.bootstrap=10", "eval.max_new_tokens=6", "run.threads=1",
             "privacy.noise_multiplier=0.5", "privacy.clipping=alpha-split",
             "privacy.inside_pool=ema", "privacy.ema_warmup_rounds=0",
@@ -192,3 +193,62 @@ def preempt_rank0_worker(comm: Any, overrides: list[str], stop_after: int) -> di
         return {"end": "preempted", "checkpoint_round": ckpt["round"] if ckpt else None}
     finally:
         round_mod.RoundEngine.run_round = original
+
+
+def decisions_worker(comm: Any, overrides: list[str]) -> dict[str, Any]:
+    """:func:`training_worker` that also records, on each lane leader, every client's clip
+    decision and pre-clip norm as ``(round, client) -> (clipped, pool flags, total norm)``."""
+    from cluster_fl.engine import round as round_mod
+
+    decisions: dict[tuple[int, int], tuple] = {}
+    original = round_mod.RoundEngine.run_round
+
+    def run_round(self, round_, state):
+        if not getattr(self, "_spied", False):
+            self._spied, last = True, {}
+            train, clip = self.runner.train, self.policy.clip
+
+            def spy_train(client, *args, **kwargs):
+                last["client"] = client
+                return train(client, *args, **kwargs)
+
+            def spy_clip(delta):
+                res = clip(delta)
+                if self.layout.leader:
+                    decisions[(self._round, last["client"])] = (
+                        res.clipped, tuple(sorted(res.pool_clipped.items())), res.total_norm)
+                return res
+
+            self.runner.train, self.policy.clip = spy_train, spy_clip
+        self._round = round_
+        return original(self, round_, state)
+
+    round_mod.RoundEngine.run_round = run_round
+    try:
+        out = training_worker(comm, overrides)
+    finally:
+        round_mod.RoundEngine.run_round = original
+    out["decisions"] = decisions
+    return out
+
+
+def slow_rank_worker(comm: Any, overrides: list[str], sleep_s: float) -> dict[str, Any]:
+    """:func:`training_worker` whose rank 1 trains its first client ``sleep_s`` seconds late."""
+    import time
+
+    from cluster_fl.engine import client as client_mod
+
+    original = client_mod.ClientRunner.train
+    slept = []
+
+    def train(self, *args, **kwargs):
+        if comm.rank == 1 and not slept:
+            slept.append(True)
+            time.sleep(sleep_s)
+        return original(self, *args, **kwargs)
+
+    client_mod.ClientRunner.train = train
+    try:
+        return training_worker(comm, overrides)
+    finally:
+        client_mod.ClientRunner.train = original

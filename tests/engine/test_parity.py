@@ -57,3 +57,18 @@ def test_a_signal_on_rank_0_only_preempts_both_ranks_after_the_same_round(tiny_c
     assert all(isinstance(r, dict) for r in results), ends
     assert [r["end"] for r in results] == ["preempted", "preempted"], ends
     assert results[0]["checkpoint_round"] == 1
+
+
+def test_evaluation_sharded_over_two_ranks_equals_the_one_rank_evaluation(parity_runs):
+    # each rank decoded only its batches; rank 0 gathered and scored them: same rows, same WER
+    import pyarrow.parquet as pq
+    from pathlib import Path
+
+    one, two = parity_runs
+    rows1 = pq.read_table(Path(one[0]["folder"]) / "eval.parquet").to_pylist()
+    rows2 = pq.read_table(Path(two[0]["folder"]) / "eval.parquet").to_pylist()
+    assert len(rows1) == 4 and rows1 == rows2
+    final1 = pq.read_table(Path(one[0]["folder"]) / "final.parquet").to_pylist()[0]
+    final2 = pq.read_table(Path(two[0]["folder"]) / "final.parquet").to_pylist()[0]
+    for key in [k for k in final1 if k.startswith(("wer", "cer"))]:
+        assert final1[key] == final2[key], key

@@ -1,0 +1,673 @@
+"""``cluster-fl plan CONFIG --gpus N --gpu-memory GiB``: per-GPU memory of a config, before a job.
+
+Owns the memory model of DESIGN §12. The world of N GPUs splits into N/G client lanes of G ranks
+(``model.shard_group_size``); a lane trains one client at a time, the frozen base sharded over its
+G ranks (FSDP2: one unit per encoder/decoder layer, the rest in the root unit), the trainable
+state replicated, and each member running ⌈B/G⌉ of the B utterances of a batch. Per GPU::
+
+    base        frozen parameters x bytes(model.dtype) / G
+    gathered    (root unit + 2 x largest layer) x bytes(model.dtype) x (G-1)/G      (G > 1)
+                the root unit (convolutions, positions, embeddings, norms, LM head) stays
+                gathered through forward and backward; one layer unit computes while the next
+                is prefetched
+    trainable   P x 16 B: fp32 LoRA/connector master weights 4, gradients 4, AdamW moments 8
+    buffers     P x 16 B: global state 4, update Δ 4, int64 fixed-point sum 8 (the cpu profile
+                adds 24 B: rank 0's float64 decoded sum, noised sum and broadcast buffer live on
+                the host); counted as if they coexisted with the training step, which Δ does
+                not quite (an upper bound by 4 B/P)
+    activations ⌈B/G⌉ x A, A = one utterance's activation peak (plain and checkpointed)
+    overhead    profile.fixed + profile.slack x activations
+    total       the sum; a G fits when total <= --gpu-memory
+
+P = trainable parameters (LoRA on q/k/v + the connector), counted on the meta device
+(``build_skeleton``), as are the frozen parameters and the units; nothing is loaded.
+
+**Activations: measured on a narrow twin at plan time.** The twin is the configured model with
+every width divided by f -- hidden sizes, attention and key/value heads (head size kept), FFN,
+vocabulary, LoRA rank -- built with 1 or 2 encoder and decoder layers, zero weights (memory
+depends on shapes only), the dtype policy (frozen base in ``model.dtype``, LoRA/connector fp32,
+autocast) and, for the checkpointed figure, a non-reentrant ``torch.utils.checkpoint`` around
+every encoder and decoder layer (as ``dist.parallelize`` applies it). One utterance of
+``--seconds`` audio and ``--text-tokens`` text runs forward and backward through ``model.loss``
+under :class:`PeakMeter`, which counts the bytes of every tensor storage created meanwhile
+(parameters, the batch and pre-allocated gradients excluded) and keeps the peak of three
+phases: forward, decoder backward, encoder backward. Each phase's peak is linear in the layer
+counts (a layer adds its saved tensors, or with checkpointing its stored input), so the three
+measurements (1,1), (2,1), (1,2) give it at the real counts; A = f x the largest phase. Every
+per-token tensor of a layer (hidden, FFN, q/k/v, per-head log-sum-exp, eager attention's
+heads x T² probabilities) and the logits (vocabulary / f) shrink exactly by f, so the twin scales
+back without a fitted constant; rotary tables and masks do not shrink and are negligible. The
+figures in the issue's unit -- bytes per token·hidden·layer -- are reported from the slopes.
+
+Measuring at plan time (~1-10 s) rather than storing constants keeps the estimate true to the
+model code as it is (a new saved tensor, a KV cache, an attention implementation, a local
+config.json with other dimensions) instead of a table that goes stale silently. The registry's
+``-tiny`` variants are not the twin: they do not keep the real ratios (voxtral-tiny's encoder FFN
+is 8x its width for the stacking connector, real Voxtral's 4x; other GQA ratios). The twin runs
+with ``use_cache=False`` (a training forward needs no KV cache). Measured with CPU autocast, whose
+op lists differ slightly from CUDA's; float16 is measured as bfloat16 (same widths).
+
+Device profiles: ``cpu`` is fitted by ``bench/plan_memory.py`` (peak RSS against the plan);
+``cuda`` is a stated estimate (no GPU measured here): CUDA context and kernels ~0.6 GiB, NCCL
+communicators of the world and lane groups ~1 GiB, cuBLAS workspaces, rounded to 2 GiB, plus 10%
+of the activations for the caching allocator's fragmentation.
+
+Not modelled: evaluation (greedy decoding without gradients, smaller than a training step), the
+short-lived clipping copies and float64 server step after local training (no activations then;
+<= 40 B/P), AdamW's foreach temporaries during ``step`` (after the activations are freed).
+
+``--json`` (stable): {"arch", "dtype", "activation_checkpointing", "device", "gpus",
+"gpu_memory_bytes", "workload": {"batch_size", "seconds", "frames", "encoder_tokens",
+"decoder_tokens", "text_tokens"}, "model": {"frozen_params", "trainable_params", "root_params",
+"largest_layer_params", "encoder_layers", "decoder_layers"}, "activations": {"width_divisor",
+"per_utterance_bytes": {"plain", "checkpointed"}, "bytes_per_token_hidden_layer": {"encoder":
+{"plain", "checkpointed"}, "decoder": {...}}}, "rows": [{"group_size", "lanes",
+"utterances_per_gpu", "base_bytes", "gathered_bytes", "trainable_bytes", "buffers_bytes",
+"plain": {"activations_bytes", "overhead_bytes", "total_bytes", "fits"}, "checkpointed": {...}}],
+"smallest": {"plain": {"group_size", "lanes"} | null, "checkpointed": ... | null},
+"fits": bool (the config's own setting), "message"}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import time
+import weakref
+from dataclasses import dataclass, replace
+from typing import Any, Iterator
+
+from cluster_fl.config import Config, ModelConfig, load_config
+from cluster_fl.errors import UserError
+
+GIB = 1024 ** 3
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+TRAINABLE_BYTES_PER_PARAM = 16  # fp32 weight 4 + grad 4 + AdamW exp_avg 4 + exp_avg_sq 4
+BUFFER_BYTES_PER_PARAM = 16     # global state 4 + update 4 + int64 sum 8
+HOST_NOISE_BYTES_PER_PARAM = 24  # float64 decoded sum, noised sum, broadcast buffer (rank 0)
+FRAMES_PER_SECOND = 100          # log-mel hop of 10 ms
+PROMPT_TOKENS = 2                # bos + language token
+TWIN_MIN_WIDTH = 256             # narrow the decoder no further than this
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    """Memory the tensors do not account for: a fixed part and a share of the activations."""
+
+    name: str
+    fixed_bytes: int
+    slack: float  # allocator fragmentation, as a fraction of the activations
+    host_noise: bool  # rank 0's float64 noise buffers live in this memory
+
+
+PROFILES = {
+    # stated, not measured (module docstring): context + NCCL + workspaces, caching allocator
+    "cuda": DeviceProfile("cuda", 2 * GIB, 0.10, host_noise=False),
+    # fitted by bench/plan_memory.py on 2 cores (glibc malloc, oneDNN scratch, autograd graph)
+    "cpu": DeviceProfile("cpu", 160 * 1024 ** 2, 0.10, host_noise=True),
+}
+
+
+# ---- what the skeleton says ------------------------------------------------------------------
+@dataclass(frozen=True)
+class ModelShape:
+    """Parameter counts of a model, from the meta device."""
+
+    frozen_params: int
+    trainable_params: int
+    root_params: int  # frozen parameters outside the encoder/decoder layers (FSDP root unit)
+    largest_layer_params: int
+    encoder_layers: int
+    decoder_layers: int
+    encoder_width: int
+    decoder_width: int
+    stack: int
+    max_frames: int
+
+
+def layer_lists(model: Any) -> tuple[Any, Any]:
+    """(encoder layers, decoder layers): the repeated blocks that are sharded and checkpointed."""
+    return model.encoder.layers, model.decoder.model.layers
+
+
+def model_shape(model: Any) -> ModelShape:
+    """Counts of a :class:`~cluster_fl.models.SpeechLLM` with LoRA applied (any device)."""
+    enc_layers, dec_layers = layer_lists(model)
+    in_layers = {id(p) for layer in [*enc_layers, *dec_layers] for p in layer.parameters()}
+    frozen = [p for p in model.parameters() if not p.requires_grad]
+    layer_sizes = [sum(p.numel() for p in layer.parameters() if not p.requires_grad)
+                   for layer in [*enc_layers, *dec_layers]]
+    return ModelShape(
+        frozen_params=sum(p.numel() for p in frozen),
+        trainable_params=sum(p.numel() for p in model.parameters() if p.requires_grad),
+        root_params=sum(p.numel() for p in frozen if id(p) not in in_layers),
+        largest_layer_params=max(layer_sizes, default=0),
+        encoder_layers=len(enc_layers), decoder_layers=len(dec_layers),
+        encoder_width=_encoder_width(model.encoder.config),
+        decoder_width=model.decoder.config.hidden_size, stack=model.connector.stack,
+        max_frames=2 * model.encoder.embed_positions.weight.shape[0])
+
+
+def _encoder_width(cfg: Any) -> int:
+    return cfg.d_model if hasattr(cfg, "d_model") else cfg.hidden_size
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One batch of a client: B utterances of ``seconds`` audio and ``text_tokens`` text."""
+
+    batch_size: int
+    seconds: float
+    text_tokens: int
+
+    def frames(self, shape: ModelShape) -> int:
+        """Log-mel frames, capped at the encoder's window (``SpeechLLM.encode`` truncates)."""
+        return min(max(1, round(self.seconds * FRAMES_PER_SECOND)), shape.max_frames)
+
+    def tokens(self, shape: ModelShape) -> tuple[int, int]:
+        """(encoder tokens, decoder tokens) of one utterance."""
+        enc = (self.frames(shape) - 1) // 2 + 1
+        audio = -(-enc // shape.stack)
+        return enc, audio + PROMPT_TOKENS + self.text_tokens
+
+
+# ---- measuring activations ---------------------------------------------------------------------
+class PeakMeter:
+    """Peak bytes of tensor storages created while active, per phase (a TorchDispatchMode).
+
+    An op's output storage counts when it is new: not one of the op's inputs (views, in-place
+    and ``out=`` results share them) and not seen before; it stops counting when the storage is
+    freed. Tensors that existed before (parameters, the batch) therefore never count."""
+
+    def __init__(self, skip_compute: bool = False) -> None:
+        import torch
+        from torch.utils._python_dispatch import TorchDispatchMode
+        from torch.utils._pytree import tree_flatten
+
+        meter = self
+
+        heavy = _heavy_ops() if skip_compute else frozenset()
+
+        class _Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = (_allocate_like(func, args, kwargs or {}) if func in heavy
+                       else func(*args, **(kwargs or {})))
+                seen = {t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs))[0]
+                        if isinstance(t, torch.Tensor)}
+                for t in tree_flatten(out)[0]:
+                    if isinstance(t, torch.Tensor):
+                        meter._track(t.untyped_storage(), seen)
+                return out
+
+        self._mode = _Mode()
+        self.live = 0
+        self.phase = "forward"
+        self.peaks: dict[str, int] = {}
+        self._refs: dict[int, Any] = {}
+
+    def _track(self, storage: Any, inputs: set[int]) -> None:
+        key, size = storage.data_ptr(), storage.nbytes()
+        if size == 0 or key in inputs or key in self._refs:
+            return
+        self.live += size
+        self.peaks[self.phase] = max(self.peaks.get(self.phase, 0), self.live)
+        self._refs[key] = weakref.ref(storage, lambda _r, k=key, n=size: self._free(k, n))
+
+    def _free(self, key: int, size: int) -> None:
+        if self._refs.pop(key, None) is not None:
+            self.live -= size
+
+    def enter(self, phase: str) -> None:
+        self.phase = phase
+        self.peaks[phase] = max(self.peaks.get(phase, 0), self.live)
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator["PeakMeter"]:
+        with self._mode:
+            yield self
+
+
+def _heavy_ops() -> frozenset:
+    """Matmuls, convolutions and fused attention: the kernels whose cost is compute."""
+    import torch
+
+    aten = torch.ops.aten
+    names = ("mm", "addmm", "bmm", "baddbmm", "convolution", "convolution_backward",
+             "_scaled_dot_product_flash_attention_for_cpu",
+             "_scaled_dot_product_flash_attention_for_cpu_backward")
+    return frozenset(getattr(aten, n).default for n in names if hasattr(aten, n))
+
+
+def _allocate_like(func: Any, args: Any, kwargs: Any) -> Any:
+    """``func``'s outputs at the shapes and strides its meta kernel gives, zero-filled."""
+    import torch
+    from torch.utils._pytree import tree_map_only
+
+    meta = tree_map_only(torch.Tensor, lambda t: t.to("meta"), (args, kwargs))
+    out = func(*meta[0], **meta[1])
+    return tree_map_only(torch.Tensor, lambda m: torch.empty_strided(
+        m.size(), m.stride(), dtype=m.dtype).zero_(), out)
+
+
+PHASES = ("forward", "decoder", "encoder")
+
+
+@dataclass(frozen=True)
+class ActivationCost:
+    """One utterance's activation peak at the real layer counts, and the per-layer slopes."""
+
+    per_utterance_bytes: int
+    encoder_bytes_per_token_hidden_layer: float
+    decoder_bytes_per_token_hidden_layer: float
+
+
+def width_divisor(model: Any) -> int:
+    """f: divides every head count; the largest power of two keeping the decoder >= 256 wide."""
+    enc, dec = model.encoder.config, model.decoder.config
+    enc_heads = enc.encoder_attention_heads if hasattr(enc, "d_model") else enc.num_attention_heads
+    g = math.gcd(enc_heads, dec.num_attention_heads,
+                 getattr(dec, "num_key_value_heads", None) or dec.num_attention_heads)
+    f = 1
+    while g % (2 * f) == 0 and dec.hidden_size // (2 * f) >= TWIN_MIN_WIDTH:
+        f *= 2
+    return f
+
+
+def _narrow(value: int, f: int) -> int:
+    return max(1, round(value / f))
+
+
+def build_twin(model: Any, model_cfg: ModelConfig, f: int, layers: int = 2) -> Any:
+    """The narrow twin of ``model`` (``layers`` encoder and decoder layers, zero weights, CPU)."""
+    import torch
+    from transformers import LlamaConfig
+
+    from cluster_fl.models import CharTokenizer, apply_lora
+    from cluster_fl.models.build import _assemble, _quiet_transformers
+    from cluster_fl.models.registry import ArchSpec
+    from cluster_fl.models.speech_llm import VoxtralConnector
+
+    enc, dec = model.encoder.config, model.decoder.config
+    e = enc.to_dict()
+    if "d_model" in e:  # Whisper
+        keys = ("d_model", "encoder_attention_heads", "encoder_ffn_dim", "encoder_layers")
+    else:  # Voxtral's audio tower
+        keys = ("hidden_size", "num_attention_heads", "intermediate_size", "num_hidden_layers")
+    e.update({k: _narrow(e[k], f) for k in keys[:3]}, **{keys[3]: layers})
+    enc_cfg = type(enc).from_dict(e)
+    d = dec.to_dict()
+    head_dim = getattr(dec, "head_dim", None) or dec.hidden_size // dec.num_attention_heads
+    kv = getattr(dec, "num_key_value_heads", None) or dec.num_attention_heads
+    d.update(hidden_size=_narrow(dec.hidden_size, f), intermediate_size=_narrow(
+        dec.intermediate_size, f), num_attention_heads=_narrow(dec.num_attention_heads, f),
+        num_key_value_heads=_narrow(kv, f), head_dim=head_dim, num_hidden_layers=layers,
+        vocab_size=max(_narrow(dec.vocab_size, f), len(CharTokenizer())), use_cache=False)
+    dec_cfg = LlamaConfig.from_dict({k: v for k, v in d.items() if k in LlamaConfig().to_dict()
+                                     or k == "head_dim"})
+    for cfg, src in ((enc_cfg, enc), (dec_cfg, dec)):
+        cfg._attn_implementation = src._attn_implementation or "sdpa"
+    family = "voxtral" if isinstance(model.connector, VoxtralConnector) else "whisper-llama"
+    spec = ArchSpec("twin", family, {}, {}, stack=model.connector.stack, tiny=True)
+    with _quiet_transformers(), torch.device("meta"):
+        twin = _assemble(spec, enc_cfg, dec_cfg, CharTokenizer(), with_ctc=False)
+    twin.decoder.config.use_cache = False
+    apply_lora(twin, replace(model_cfg, lora_rank=_narrow(model_cfg.lora_rank, f)))
+    twin.to_empty(device="cpu")
+    with torch.no_grad():
+        for t in [*twin.parameters(), *twin.buffers()]:
+            t.zero_()
+    return twin
+
+
+@contextlib.contextmanager
+def _layers(model: Any, n_enc: int, n_dec: int) -> Iterator[None]:
+    """Run ``model`` with its first n_enc encoder and n_dec decoder layers."""
+    from torch import nn
+
+    enc_all, dec_all = layer_lists(model)
+    lm = model.decoder.model
+    saved = lm.config.num_hidden_layers
+    model.encoder.layers = nn.ModuleList(list(enc_all)[:n_enc])
+    lm.layers = nn.ModuleList(list(dec_all)[:n_dec])
+    lm.config.num_hidden_layers = n_dec
+    try:
+        yield
+    finally:
+        model.encoder.layers, lm.layers = enc_all, dec_all
+        lm.config.num_hidden_layers = saved
+
+
+def checkpoint_layers(model: Any) -> None:
+    """Non-reentrant activation checkpointing of every encoder and decoder layer (instance-level,
+    names unchanged), the wrapping ``dist.parallelize`` applies."""
+    import functools
+
+    import torch
+    from torch.utils.checkpoint import checkpoint
+
+    for layer in [*layer_lists(model)[0], *layer_lists(model)[1]]:
+        inner = layer.forward
+
+        @functools.wraps(inner)
+        def forward(*args: Any, _inner: Any = inner, **kwargs: Any) -> Any:
+            if torch.is_grad_enabled():
+                return checkpoint(_inner, *args, use_reentrant=False, **kwargs)
+            return _inner(*args, **kwargs)
+
+        layer.forward = forward
+
+
+def set_dtype_policy(model: Any, dtype_name: str) -> None:
+    """Frozen parameters in ``dtype_name``, trainable ones fp32 (as ``dist.parallelize``)."""
+    import torch
+
+    dtype = getattr(torch, dtype_name)
+    for p in model.parameters():
+        want = torch.float32 if p.requires_grad else dtype
+        if p.is_floating_point() and p.dtype != want:
+            p.data = p.data.to(want)
+
+
+def compute_context(dtype_name: str) -> contextlib.AbstractContextManager:
+    """CPU autocast in the base dtype (float16 as bfloat16: same widths, CPU-supported)."""
+    import torch
+
+    if dtype_name == "float32":
+        return contextlib.nullcontext()
+    return torch.autocast("cpu", dtype=torch.bfloat16)
+
+
+def random_batch(n_mels: int, frames: int, text_tokens: int, batch_size: int = 1) -> Any:
+    """``batch_size`` utterances of ``frames`` log-mel frames and ``text_tokens`` characters."""
+    import torch
+
+    from cluster_fl.models import collate
+
+    g = torch.Generator().manual_seed(0)
+    feats = [torch.randn(n_mels, frames, generator=g) for _ in range(batch_size)]
+    return collate(feats, ["a" * text_tokens] * batch_size, ["en"] * batch_size)
+
+
+def step_peaks(model: Any, batch: Any, dtype_name: str, skip_compute: bool = True
+               ) -> dict[str, int]:
+    """Peak bytes per phase of one forward + backward of ``model.loss`` (gradients excluded)."""
+    import torch
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    for p in params:  # the gradients are the trainable term, not activations
+        p.grad = torch.zeros_like(p)
+    meter = PeakMeter(skip_compute)
+
+    def mark_encoder(_module: Any, _inputs: Any, out: Any) -> None:
+        # the encoder output's gradient arrives when the decoder's backward is done
+        if out.requires_grad:
+            out.register_hook(lambda _grad: meter.enter("encoder"))
+
+    hook = model.encoder.layer_norm.register_forward_hook(mark_encoder)
+    model.train()
+    try:
+        with meter.active():
+            with compute_context(dtype_name):
+                loss, _ = model.loss(batch)
+            meter.enter("decoder")
+            loss.backward()
+            del loss
+    finally:
+        hook.remove()
+        for p in params:
+            p.grad = None
+    return {phase: meter.peaks.get(phase, 0) for phase in PHASES}
+
+
+def measure_activations(model: Any, model_cfg: ModelConfig, shape: ModelShape,
+                        workload: Workload) -> dict[str, ActivationCost]:
+    """{"plain", "checkpointed"}: one utterance's activation cost, measured on the narrow twin."""
+    import torch
+
+    f = width_divisor(model)
+    frames = workload.frames(shape)
+    enc_tokens, dec_tokens = workload.tokens(shape)
+    n_mels = model.encoder.conv1.in_channels
+    batch = random_batch(n_mels, frames, workload.text_tokens)
+    out = {}
+    threads = torch.get_num_threads()
+    for mode in ("plain", "checkpointed"):
+        twin = build_twin(model, model_cfg, f)
+        set_dtype_policy(twin, model_cfg.dtype)
+        if mode == "checkpointed":
+            checkpoint_layers(twin)
+        runs = {}
+        for counts in ((1, 1), (2, 1), (1, 2)):
+            with _layers(twin, *counts):
+                runs[counts] = step_peaks(twin, batch, model_cfg.dtype)
+        peak, slope_e, slope_d = 0.0, 0.0, 0.0
+        for phase in PHASES:
+            base = runs[(1, 1)][phase]
+            d_enc = runs[(2, 1)][phase] - base
+            d_dec = runs[(1, 2)][phase] - base
+            value = (base + (shape.encoder_layers - 1) * d_enc
+                     + (shape.decoder_layers - 1) * d_dec)
+            if value > peak:
+                peak, slope_e, slope_d = value, d_enc, d_dec
+        out[mode] = ActivationCost(
+            per_utterance_bytes=int(f * peak),
+            encoder_bytes_per_token_hidden_layer=f * slope_e / (enc_tokens * shape.encoder_width),
+            decoder_bytes_per_token_hidden_layer=f * slope_d / (dec_tokens * shape.decoder_width))
+    torch.set_num_threads(threads)
+    return out
+
+
+# ---- the arithmetic ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Terms:
+    """Per-GPU bytes of one lane size G, for one checkpointing setting."""
+
+    group_size: int
+    lanes: int
+    utterances_per_gpu: int
+    base: int
+    gathered: int
+    trainable: int
+    buffers: int
+    activations: int
+    overhead: int
+
+    @property
+    def total(self) -> int:
+        return (self.base + self.gathered + self.trainable + self.buffers + self.activations
+                + self.overhead)
+
+
+def estimate(shape: ModelShape, activation_bytes_per_utterance: int, *, dtype: str,
+             group_size: int, gpus: int, batch_size: int,
+             profile: DeviceProfile = PROFILES["cuda"]) -> Terms:
+    """The per-GPU memory terms of a lane of ``group_size`` ranks (module docstring)."""
+    width = DTYPE_BYTES[dtype]
+    g = group_size
+    gathered = 0
+    if g > 1:  # the root unit and two layer units are whole while they compute
+        gathered = (shape.root_params + 2 * shape.largest_layer_params) * width * (g - 1) // g
+    buffers = BUFFER_BYTES_PER_PARAM + (HOST_NOISE_BYTES_PER_PARAM if profile.host_noise else 0)
+    per_gpu = -(-batch_size // g)
+    activations = per_gpu * activation_bytes_per_utterance
+    return Terms(group_size=g, lanes=gpus // g, utterances_per_gpu=per_gpu,
+                 base=shape.frozen_params * width // g, gathered=gathered,
+                 trainable=shape.trainable_params * TRAINABLE_BYTES_PER_PARAM,
+                 buffers=shape.trainable_params * buffers, activations=activations,
+                 overhead=profile.fixed_bytes + int(profile.slack * activations))
+
+
+def group_sizes(gpus: int) -> list[int]:
+    """Candidate lane sizes: the powers of two that divide N, and N itself."""
+    out, g = [], 1
+    while g <= gpus:
+        if gpus % g == 0:
+            out.append(g)
+        g *= 2
+    return out if out[-1] == gpus else out + [gpus]
+
+
+MODES = ("plain", "checkpointed")
+
+
+def plan(cfg: Config, gpus: int, gpu_memory_gib: float, seconds: float = 15.0,
+         text_tokens: int = 64, device: str = "cuda") -> dict[str, Any]:
+    """The ``plan --json`` object (module docstring) for ``cfg`` on ``gpus`` GPUs."""
+    from cluster_fl.models import apply_lora, build_skeleton
+
+    if gpus < 1:
+        raise UserError(f"--gpus: got {gpus}; a plan needs at least one GPU")
+    if not gpu_memory_gib > 0 or not math.isfinite(gpu_memory_gib):
+        raise UserError(f"--gpu-memory: got {gpu_memory_gib}; give the GPU's memory in GiB (> 0)")
+    if not seconds > 0 or not math.isfinite(seconds):
+        raise UserError(f"--seconds: got {seconds}; an utterance lasts more than 0 s")
+    if text_tokens < 1:
+        raise UserError(f"--text-tokens: got {text_tokens}; a transcript has at least 1 token")
+    if device not in PROFILES:
+        raise UserError(f"--device: got {device!r}; allowed: {', '.join(PROFILES)}")
+    t0 = time.perf_counter()
+    skeleton = apply_lora(build_skeleton(cfg.model), cfg.model)
+    shape = model_shape(skeleton)
+    workload = Workload(cfg.fl.batch_size, seconds, text_tokens)
+    acts = measure_activations(skeleton, cfg.model, shape, workload)
+    capacity = int(gpu_memory_gib * GIB)
+    rows = []
+    for g in group_sizes(gpus):
+        row: dict[str, Any] = {}
+        for mode in MODES:
+            t = estimate(shape, acts[mode].per_utterance_bytes, dtype=cfg.model.dtype,
+                         group_size=g, gpus=gpus, batch_size=cfg.fl.batch_size,
+                         profile=PROFILES[device])
+            row.update(group_size=g, lanes=t.lanes, utterances_per_gpu=t.utterances_per_gpu,
+                       base_bytes=t.base, gathered_bytes=t.gathered,
+                       trainable_bytes=t.trainable, buffers_bytes=t.buffers)
+            row[mode] = {"activations_bytes": t.activations, "overhead_bytes": t.overhead,
+                         "total_bytes": t.total, "fits": t.total <= capacity}
+        rows.append(row)
+    smallest = {mode: next(({"group_size": r["group_size"], "lanes": r["lanes"]}
+                            for r in rows if r[mode]["fits"]), None) for mode in MODES}
+    own = "checkpointed" if cfg.model.activation_checkpointing else "plain"
+    enc_tokens, dec_tokens = workload.tokens(shape)
+    out = {
+        "arch": cfg.model.arch, "dtype": cfg.model.dtype,
+        "activation_checkpointing": cfg.model.activation_checkpointing,
+        "shard": cfg.model.shard, "device": device, "gpus": gpus, "gpu_memory_bytes": capacity,
+        "workload": {"batch_size": cfg.fl.batch_size, "seconds": seconds,
+                     "frames": workload.frames(shape), "encoder_tokens": enc_tokens,
+                     "decoder_tokens": dec_tokens, "text_tokens": text_tokens},
+        "model": {"frozen_params": shape.frozen_params,
+                  "trainable_params": shape.trainable_params, "root_params": shape.root_params,
+                  "largest_layer_params": shape.largest_layer_params,
+                  "encoder_layers": shape.encoder_layers, "decoder_layers": shape.decoder_layers},
+        "activations": {
+            "width_divisor": width_divisor(skeleton),
+            "per_utterance_bytes": {m: acts[m].per_utterance_bytes for m in MODES},
+            "bytes_per_token_hidden_layer": {
+                "encoder": {m: round(acts[m].encoder_bytes_per_token_hidden_layer, 2)
+                            for m in MODES},
+                "decoder": {m: round(acts[m].decoder_bytes_per_token_hidden_layer, 2)
+                            for m in MODES}}},
+        "profile": {"fixed_bytes": PROFILES[device].fixed_bytes,
+                    "slack": PROFILES[device].slack},
+        "rows": rows, "smallest": smallest, "uses": own, "fits": smallest[own] is not None,
+        "seconds_taken": round(time.perf_counter() - t0, 2),
+    }
+    out["message"] = _verdict(out)
+    return out
+
+
+def _verdict(r: dict[str, Any]) -> str:
+    """One line: the smallest G for the config's setting, or why nothing fits."""
+    own, other = r["uses"], "plain" if r["uses"] == "checkpointed" else "checkpointed"
+    cap = r["gpu_memory_bytes"] / GIB
+    best = r["smallest"][own]
+    if best is not None:
+        return (f"smallest G that fits {cap:g} GiB: G={best['group_size']}, {best['lanes']} "
+                f"lane{'s' if best['lanes'] > 1 else ''} (clients trained in parallel)")
+    least = min(row[own]["total_bytes"] for row in r["rows"]) / GIB
+    hint = []
+    if r["smallest"][other] is not None and own == "plain":
+        hint.append(f"model.activation_checkpointing=true fits at G="
+                    f"{r['smallest'][other]['group_size']}")
+    if r["dtype"] == "float32":
+        hint.append("model.dtype=bfloat16 halves the base")
+    hint.append("or lower fl.batch_size / add GPUs")
+    return (f"nothing fits: even the best lane needs {least:.1f} GiB per GPU > {cap:g} GiB; "
+            + "; ".join(hint))
+
+
+# ---- the command ---------------------------------------------------------------------------------
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``CONFIG [key=value ...] --gpus N --gpu-memory GiB [--seconds S] [--text-tokens T]``."""
+    from cluster_fl.cli import add_config_arguments
+
+    add_config_arguments(parser)
+    parser.add_argument("--gpus", type=int, required=True, help="GPUs of the job (N)")
+    parser.add_argument("--gpu-memory", type=float, required=True, metavar="GiB",
+                        help="memory of one GPU in GiB (e.g. 40, 80, 141)")
+    parser.add_argument("--seconds", type=float, default=15.0,
+                        help="audio per utterance (default 15: a typical MLS utterance)")
+    parser.add_argument("--text-tokens", type=int, default=64,
+                        help="transcript tokens per utterance (default 64)")
+    parser.add_argument("--device", default="cuda", choices=sorted(PROFILES),
+                        help="overhead profile (default cuda)")
+    parser.add_argument("--json", action="store_true", help="print the JSON contract")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the plan; exit 0 whether or not something fits (the message says which)."""
+    cfg = load_config(args.config, args.overrides)
+    result = plan(cfg, args.gpus, args.gpu_memory, args.seconds, args.text_tokens, args.device)
+    print(json.dumps(result, indent=1) if args.json else format_plan(result))
+    return 0
+
+
+def _gib(n: int) -> str:
+    return f"{n / GIB:.1f}"
+
+
+def format_plan(r: dict[str, Any]) -> str:
+    """The human table: one row per lane size G, every term in GiB."""
+    m, w, a = r["model"], r["workload"], r["activations"]
+    width = DTYPE_BYTES[r["dtype"]]
+    lines = [
+        f"{r['arch']}: {m['frozen_params'] / 1e9:.2f}B frozen ({r['dtype']}), "
+        f"{m['trainable_params'] / 1e6:.1f}M trainable (fp32 + AdamW); {r['gpus']} GPU"
+        f"{'s' if r['gpus'] > 1 else ''} x {r['gpu_memory_bytes'] / GIB:g} GiB "
+        f"({r['device']} profile)",
+        f"batch: {w['batch_size']} x {w['seconds']:g} s = {w['frames']} frames -> "
+        f"{w['encoder_tokens']} encoder tokens, {w['decoder_tokens']} decoder tokens "
+        f"({w['text_tokens']} text)",
+        f"activations per utterance: {a['per_utterance_bytes']['plain'] / GIB:.2f} GiB plain, "
+        f"{a['per_utterance_bytes']['checkpointed'] / GIB:.2f} GiB checkpointed (narrow twin, "
+        f"width / {a['width_divisor']}; bytes per token·hidden·layer: encoder "
+        f"{a['bytes_per_token_hidden_layer']['encoder']['plain']:g} / "
+        f"{a['bytes_per_token_hidden_layer']['encoder']['checkpointed']:g}, decoder "
+        f"{a['bytes_per_token_hidden_layer']['decoder']['plain']:g} / "
+        f"{a['bytes_per_token_hidden_layer']['decoder']['checkpointed']:g})",
+        "",
+        f"{'G':>4} {'lanes':>5} {'utt/GPU':>7} {'base':>6} {'gather':>6} {'train':>6} "
+        f"{'buffers':>7} {'act':>6} {'act-ckpt':>8} {'total':>6} {'total-ckpt':>10}   GiB",
+    ]
+    for row in r["rows"]:
+        p, c = row["plain"], row["checkpointed"]
+        lines.append(
+            f"{row['group_size']:>4} {row['lanes']:>5} {row['utterances_per_gpu']:>7} "
+            f"{_gib(row['base_bytes']):>6} {_gib(row['gathered_bytes']):>6} "
+            f"{_gib(row['trainable_bytes']):>6} {_gib(row['buffers_bytes']):>7} "
+            f"{_gib(p['activations_bytes']):>6} {_gib(c['activations_bytes']):>8} "
+            f"{_gib(p['total_bytes']) + ('' if p['fits'] else '!'):>6} "
+            f"{_gib(c['total_bytes']) + ('' if c['fits'] else '!'):>10}")
+    prof = r["profile"]
+    lines += ["",
+              f"totals include {prof['fixed_bytes'] / GIB:.1f} GiB fixed + {prof['slack']:.0%} of "
+              f"the activations ({r['device']} overhead); '!' = over {r['gpu_memory_bytes'] / GIB:g}"
+              f" GiB; base in {width} B/parameter",
+              f"activation checkpointing: {'on' if r['activation_checkpointing'] else 'off'} "
+              f"(model.activation_checkpointing)"]
+    if r["shard"] == "none" and len(r["rows"]) > 1:
+        lines.append("rows with G > 1 assume model.shard=fsdp2 (the config says none)")
+    lines.append(r["message"])
+    return "\n".join(lines)
