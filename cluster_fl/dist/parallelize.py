@@ -200,6 +200,11 @@ def apply_activation_checkpointing(model: nn.Module) -> int:
         @functools.wraps(inner)
         def forward(*args: Any, _inner: Any = inner, **kwargs: Any) -> Any:
             if torch.is_grad_enabled():
+                # a KV cache would be appended to again by the recomputation
+                for key in ("cache", "past_key_values", "past_key_value"):
+                    if kwargs.get(key) is not None:
+                        raise ValueError(f"activation checkpointing with a KV cache ({key}); "
+                                         "train with use_cache=False")
                 return checkpoint(_inner, *args, use_reentrant=False, **kwargs)
             return _inner(*args, **kwargs)
 

@@ -158,25 +158,20 @@ def check_resources(grid: Grid) -> None:
     r = grid.resources
     where = f"partition {r.partition}" if r.partition else "the default partition"
     if not nodes:
-        raise UserError(f"resources.partition: {where} has no nodes"
-                        + (f" or does not exist" if r.partition else ""))
-    checks = [
-        ("nodes", r.nodes, len(nodes), "nodes", f"{where} has {len(nodes)}"),
-        ("cpus_per_task", r.cpus_per_task * r.tasks_per_node, max(n["cpus"] for n in nodes),
-         "CPUs per node" + (f" ({r.cpus_per_task} x tasks_per_node {r.tasks_per_node})"
-                            if r.tasks_per_node > 1 else ""),
-         f"the largest node of {where} has {max(n['cpus'] for n in nodes)}"),
-        ("gpus_per_task", r.gpus_per_task * r.tasks_per_node, max(n["gpus"] for n in nodes),
-         "GPUs per node", f"the largest node of {where} has {max(n['gpus'] for n in nodes)}"),
+        raise UserError(f"resources.partition: {where} has no nodes (or does not exist)")
+    most = {k: max(n[k] for n in nodes) for k in ("cpus", "gpus", "mem_mb")}
+    per_node = f" ({r.tasks_per_node} tasks per node)" if r.tasks_per_node > 1 else ""
+    checks = [  # key, asked, largest available, unit
+        ("nodes", r.nodes, len(nodes), "nodes"),
+        ("cpus_per_task", r.cpus_per_task * r.tasks_per_node, most["cpus"], "CPUs per node" + per_node),
+        ("gpus_per_task", r.gpus_per_task * r.tasks_per_node, most["gpus"], "GPUs per node" + per_node),
     ]
     if r.mem_gb is not None:
-        checks.append(("mem_gb", int(r.mem_gb * 1024), max(n["mem_mb"] for n in nodes),
-                       "MB of memory per node",
-                       f"the largest node of {where} has {max(n['mem_mb'] for n in nodes)} MB"))
-    for key, need, have, what, fact in checks:
-        if need > have:
-            raise UserError(f"resources.{key}={getattr(r, key)} asks for {need} {what}, but {fact}; "
-                            "no node can ever run it")
+        checks.append(("mem_gb", int(r.mem_gb * 1024), most["mem_mb"], "MB of memory per node"))
+    for key, asked, available, unit in checks:
+        if asked > available:
+            raise UserError(f"resources.{key}={getattr(r, key)} asks for {asked} {unit}, but "
+                            f"{where} has at most {available}; no node can ever run it")
 
 
 def executor_parameters(grid: Grid, cluster: str) -> dict[str, Any]:

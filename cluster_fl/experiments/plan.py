@@ -433,9 +433,9 @@ def measure_activations(model: Any, model_cfg: ModelConfig, shape: ModelShape,
     batch = random_batch(n_mels, frames, workload.text_tokens)
     out = {}
     threads = torch.get_num_threads()
+    twin = build_twin(model, model_cfg, f)
+    set_dtype_policy(twin, model_cfg.dtype)
     for mode in ("plain", "checkpointed"):
-        twin = build_twin(model, model_cfg, f)
-        set_dtype_policy(twin, model_cfg.dtype)
         if mode == "checkpointed":
             checkpoint_layers(twin)
         runs = {}

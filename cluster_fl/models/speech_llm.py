@@ -176,7 +176,10 @@ class SpeechLLM(nn.Module):
         audio, n_audio, states, enc_len = self.audio_embeddings(
             batch.features.to(dev), batch.lengths.to(dev))
         emb, attn, tgt = self._decoder_inputs(audio, n_audio, batch.texts, batch.languages)
-        hidden = self.decoder.model(inputs_embeds=emb, attention_mask=attn).last_hidden_state
+        # no KV cache in training: it costs memory, and a recomputed (checkpointed) layer would
+        # append its keys to it twice
+        hidden = self.decoder.model(inputs_embeds=emb, attention_mask=attn,
+                                    use_cache=False).last_hidden_state
         keep = tgt != IGNORE  # the LM head runs on transcript positions only
         logits = self.decoder.lm_head(hidden[keep])
         n_tokens = int(keep.sum())

@@ -6,39 +6,16 @@ from __future__ import annotations
 import pytest
 import torch
 
+from hf_checkpoints import save_tokenizer, save_whisper_llama
+
 from cluster_fl.config import ModelConfig
 from cluster_fl.errors import UserError
 from cluster_fl.models import build_model, collate, describe_groups, greedy_decode, trainable_groups
 
 
-def _save_tokenizer(path) -> None:
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    words = ["<pad>", "<s>", "</s>", "<unk>", "transcribe", "(en):", "(de):", "one", "two",
-             "zwei", "drei", "the", "cat"]
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
-                            pad_token="<pad>", unk_token="<unk>").save_pretrained(str(path))
-
-
 @pytest.fixture(scope="module")
 def local_whisper_llama(tmp_path_factory):
-    from transformers import LlamaConfig, LlamaForCausalLM, WhisperConfig, WhisperModel
-
-    root = tmp_path_factory.mktemp("hf")
-    WhisperModel(WhisperConfig(d_model=64, encoder_layers=2, decoder_layers=1,
-                               encoder_attention_heads=2, decoder_attention_heads=2,
-                               encoder_ffn_dim=128, decoder_ffn_dim=128, num_mel_bins=80,
-                               max_source_positions=500, vocab_size=50, pad_token_id=0,
-                               bos_token_id=1, eos_token_id=2, decoder_start_token_id=1)).save_pretrained(
-        root / "whisper")
-    LlamaForCausalLM(LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
-                                 num_key_value_heads=2, intermediate_size=128,
-                                 vocab_size=13)).save_pretrained(root / "llama")
-    _save_tokenizer(root / "llama")
-    return root
+    return save_whisper_llama(tmp_path_factory.mktemp("hf"))
 
 
 def test_whisper_tinyllama_loads_local_weights(local_whisper_llama, batch):
@@ -73,7 +50,7 @@ def test_voxtral_loads_local_weights_and_separates_tower_from_lm(tmp_path, batch
                          num_key_value_heads=2, intermediate_size=128, vocab_size=13,
                          head_dim=32, max_position_embeddings=512), audio_token_id=12)
     VoxtralForConditionalGeneration(cfg_hf).save_pretrained(tmp_path / "vox")
-    _save_tokenizer(tmp_path / "vox")
+    save_tokenizer(tmp_path / "vox")
     cfg = ModelConfig(arch="voxtral", decoder_path=str(tmp_path / "vox"), lora_rank=2)
     model = build_model(cfg)
     assert model.connector.stack == 4  # intermediate_size / hidden_size frames per token

@@ -1,0 +1,37 @@
+"""Small random Hugging Face checkpoints saved with ``save_pretrained``: stand-ins for real
+Whisper / Llama weights and a word-level LLM tokenizer (nothing is downloaded)."""
+
+from __future__ import annotations
+
+import torch
+
+
+def save_tokenizer(path) -> None:
+    """A word-level HF tokenizer (a stand-in for a real LLM's) saved to ``path``."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["<pad>", "<s>", "</s>", "<unk>", "transcribe", "(en):", "(de):", "one", "two",
+             "zwei", "drei", "the", "cat"]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
+                            pad_token="<pad>", unk_token="<unk>").save_pretrained(str(path))
+
+
+def save_whisper_llama(root, dtype: torch.dtype = torch.float32):
+    """Small random Whisper and Llama checkpoints saved with ``save_pretrained`` in ``dtype``
+    under ``root/whisper`` and ``root/llama`` (with a tokenizer): stand-ins for real ones."""
+    from transformers import LlamaConfig, LlamaForCausalLM, WhisperConfig, WhisperModel
+
+    WhisperModel(WhisperConfig(d_model=64, encoder_layers=2, decoder_layers=1,
+                               encoder_attention_heads=2, decoder_attention_heads=2,
+                               encoder_ffn_dim=128, decoder_ffn_dim=128, num_mel_bins=80,
+                               max_source_positions=500, vocab_size=50, pad_token_id=0,
+                               bos_token_id=1, eos_token_id=2, decoder_start_token_id=1)
+                 ).to(dtype).save_pretrained(root / "whisper")
+    LlamaForCausalLM(LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                                 num_key_value_heads=2, intermediate_size=128,
+                                 vocab_size=13)).to(dtype).save_pretrained(root / "llama")
+    save_tokenizer(root / "llama")
+    return root
