@@ -99,10 +99,11 @@ def test_failed_runs_are_resubmitted_and_running_ones_with_a_live_job_are_not(tm
     write_status(grid.root / "flat__s0", "failed", 1, 2, error="boom")
     write_status(grid.root / "flat__s1", "running", 1, 2)
     status.write_registry(grid, {"flat__s1": {"cluster": "slurm", "job_id": "77_1", "host": "x"}})
-    monkeypatch.setattr(status, "job_alive", lambda rec: bool(rec))
+    monkeypatch.setattr(status, "jobs_alive", lambda recs: {r: bool(v) for r, v in recs.items()})
     todo, states = grid_mod.plan(grid)
     assert [s.run_id for s in todo] == ["flat__s0"]
-    monkeypatch.setattr(status, "job_alive", lambda rec: False if rec else None)
+    monkeypatch.setattr(status, "jobs_alive",
+                        lambda recs: {r: False if v else None for r, v in recs.items()})
     todo, _ = grid_mod.plan(grid)  # the job died without finishing: resubmit
     assert [s.run_id for s in todo] == ["flat__s0", "flat__s1"]
 
@@ -121,3 +122,41 @@ def test_tiny_grid_of_2_cells_x_2_seeds_runs_end_to_end_on_local_cluster_and_tab
     cfg = load_config(None, ["privacy.clipping=flat", "run.seed=0"])
     expected = (fake_wer(cfg) + fake_wer(load_config(None, ["privacy.clipping=flat", "run.seed=1"]))) / 2
     assert float(rows["flat"][5]) == pytest.approx(expected)
+
+
+def test_a_run_preempted_on_the_local_cluster_is_requeued_and_resumes_from_its_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("CFL_FAKE_PREEMPT_AT", "1")  # the run sends itself USR2 after round 1
+    path = tiny_grid(tmp_path, methods=("flat",), seeds=(0,))
+    assert grid_mod.run(grid_args(path, cluster="local"), train_fn=fake_train) == 0
+    folder = load_grid(path).root / "flat__s0"
+    assert (folder / "attempts.txt").read_text().split() == ["start", "0", "start", "1"]
+    assert status.read_status(folder)["state"] == "done"
+
+
+def broken_train(cfg):
+    folder = Path(cfg.run.out) / cfg.run.experiment / str(cfg.run.run_id)
+    write_status(folder, "running", 1, cfg.fl.rounds)
+    raise ValueError("no private split in data.corpus")
+
+
+def test_a_failed_run_is_reported_with_its_error_and_grid_wait_exits_1(tmp_path, capsys):
+    path = tiny_grid(tmp_path, methods=("flat",), seeds=(0,))
+    assert grid_mod.run(grid_args(path), train_fn=broken_train) == 1
+    out = capsys.readouterr().out
+    assert "run flat__s0 failed: ValueError: no private split in data.corpus" in out
+    recorded = status.read_status(load_grid(path).root / "flat__s0")
+    assert recorded["state"] == "failed" and "no private split" in recorded["error"]
+    assert main(["status", str(path)]) == 0
+    assert "failed flat__s0: ValueError: no private split in data.corpus" in capsys.readouterr().out
+
+
+def test_a_preempted_run_that_nobody_requeues_is_failed_with_the_round_it_stopped_at(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("CFL_FAKE_PREEMPT_AT", "1")  # debug jobs run in this process: no requeue
+    path = tiny_grid(tmp_path, methods=("flat",), seeds=(0,))
+    assert grid_mod.run(grid_args(path), train_fn=fake_train) == 1
+    assert "run flat__s0 failed: stopped after round 1 of 2" in capsys.readouterr().out
+    todo, _ = grid_mod.plan(load_grid(path))
+    assert [s.run_id for s in todo] == ["flat__s0"]
+    assert grid_mod.run(grid_args(path), train_fn=fake_train) == 0  # resubmitted: resumes, finishes
+    assert (load_grid(path).root / "flat__s0" / "attempts.txt").read_text().split() == [
+        "start", "0", "start", "1"]
