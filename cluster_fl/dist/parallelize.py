@@ -208,6 +208,7 @@ def apply_activation_checkpointing(model: nn.Module) -> int:
                 return checkpoint(_inner, *args, use_reentrant=False, **kwargs)
             return _inner(*args, **kwargs)
 
+        forward.activation_checkpointing = True  # type: ignore[attr-defined]
         layer.forward = forward
     return len(layers)
 
