@@ -261,9 +261,5 @@ def parallelize(model: nn.Module, model_cfg: Any, device: torch.device,
         mesh = lane_mesh(layout, device)
         apply_fsdp2(model, mesh, device)
         group = mesh.get_group()
-    elif shard == "deepspeed":
-        from cluster_fl.dist.deepspeed import apply_zero3
-
-        group = apply_zero3(model, layout, device)
     return Placement(device, dtype, layout, group, shard)
 

@@ -118,3 +118,28 @@ def test_defaults_round_trip_and_privacy_off_is_written_out():
     assert "mechanism: none" in dump_config(off)
     assert set(to_dict(cfg)) == set(SECTIONS)
     assert "privacy.population" in valid_keys()
+
+
+def test_cluster_path_keys_are_validated_with_the_key_named():
+    from cluster_fl.config import ConfigError, load_config
+
+    cfg = load_config(None, ["model.dtype=bfloat16", "model.shard=fsdp2",
+                             "model.shard_group_size=2", "run.wait_timeout_s=600"])
+    assert (cfg.model.dtype, cfg.model.shard_group_size, cfg.run.wait_timeout_s) == (
+        "bfloat16", 2, 600)
+    for bad, key in [("model.dtype=fp8", "model.dtype"), ("model.shard=zero9", "model.shard"),
+                     ("model.shard_group_size=2", "model.shard_group_size"),
+                     ("run.wait_timeout_s=0", "run.wait_timeout_s")]:
+        with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+            load_config(None, [bad])
+
+
+def test_lane_layout_keys_do_not_change_the_run_id():
+    from cluster_fl.config import load_config
+    from cluster_fl.engine.rundir import run_id
+
+    base = run_id(load_config(None, []))
+    assert run_id(load_config(None, ["model.shard=fsdp2", "model.shard_group_size=4",
+                                     "model.activation_checkpointing=true",
+                                     "run.wait_timeout_s=99"])) == base
+    assert run_id(load_config(None, ["model.dtype=bfloat16"])) != base

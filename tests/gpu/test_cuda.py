@@ -1,0 +1,50 @@
+"""The cluster path on a real GPU (``-m gpu``; skipped without CUDA): the tiny model trains 2
+rounds on CUDA with a bf16 base under NCCL (1 rank, through torchrun) and makes the same clip
+decisions as the same run on CPU (bf16 autocast there too). Run by ``bench/gpu_check.sh``."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+RUN = ["model.arch=whisper-tinyllama-tiny", "model.dtype=bfloat16", "fl.rounds=2",
+       "fl.clients_per_round=4", "fl.sampling=fixed", "fl.max_local_steps=2", "fl.batch_size=4",
+       "eval.max_utterances=4", "eval.bootstrap=10", "eval.max_new_tokens=6",
+       "privacy.diagnostics=exact", "privacy.clipping=alpha-split", "run.threads=1"]
+
+
+def _train(tiny_corpus: Path, out: Path, device: str, torchrun: bool) -> Path:
+    overrides = [f"data.corpus={tiny_corpus}", "data.languages=[en,de,fr]", f"run.out={out}",
+                 f"run.device={device}", *RUN]
+    launcher = ([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1"]
+                if torchrun else [sys.executable])
+    demo = Path(__file__).resolve().parents[2] / "cluster_fl" / "assets" / "demo.yaml"
+    proc = subprocess.run([*launcher, "-m", "cluster_fl", "train", str(demo), *overrides],
+                          capture_output=True, text=True, timeout=600, env=dict(os.environ))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return Path(proc.stdout.strip().splitlines()[-1])
+
+
+def test_tiny_model_on_cuda_in_bf16_makes_the_cpu_runs_clip_decisions(tiny_corpus, tmp_path):
+    from cluster_fl.engine.checkpoint import load_checkpoint
+    from cluster_fl.engine.metrics import read_rows
+
+    gpu = _train(tiny_corpus, tmp_path / "gpu", "cuda", torchrun=True)
+    cpu = _train(tiny_corpus, tmp_path / "cpu", "cpu", torchrun=False)
+    rows_gpu, rows_cpu = read_rows(gpu / "rounds.parquet"), read_rows(cpu / "rounds.parquet")
+    assert [r["round"] for r in rows_gpu] == [1, 2]
+    for a, b in zip(rows_gpu, rows_cpu):
+        assert a["n_cohort"] == b["n_cohort"]
+        for key in [k for k in a if k.startswith("clip_rate")]:
+            assert a[key] == b[key], (a["round"], key)
+    state = load_checkpoint(gpu)["state"]
+    assert all(v.dtype == torch.float32 and v.device.type == "cpu" for v in state.values())
+    assert "cuda" in (gpu / "log.txt").read_text()
