@@ -44,6 +44,12 @@ for pidfile in "$ROOT"/run/*.pid; do
   fi
 done
 
+for p in $(seq "$PORT" $((PORT + 3))) $(seq $((PORT + 4)) $((PORT + 2 + NODES))); do
+  if (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
+    die "port $p is taken (another cluster?); choose other ports with SLURM_LOCAL_PORT=N"
+  fi
+done
+
 mkdir -p "$ROOT"/{etc,run,log,state,spool,mysql}
 chmod 0755 "$ROOT" "$ROOT"/{etc,run,log,state,spool}
 SOCK="$ROOT/run/munge.socket"
