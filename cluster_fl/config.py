@@ -106,8 +106,8 @@ class ModelConfig:
     activation_checkpointing: bool = False
     """Recompute each encoder/decoder layer's activations in the backward pass (less memory)."""
     shard: str = "none"
-    """Sharding of the frozen base inside a client lane: ``none`` or ``fsdp2`` (DeepSpeed ZeRO-3
-    is not wired yet: see results/LOG.md)."""
+    """Sharding of the frozen base inside a client lane: ``none``, ``fsdp2`` or ``deepspeed``
+    (ZeRO-3, needs the ``deepspeed`` extra)."""
     shard_group_size: int = 1
     """G: ranks per client lane. The world splits into world/G lanes; the ranks of a lane train one
     client at a time together with the base sharded over them (G > 1 needs ``shard``)."""
@@ -115,10 +115,11 @@ class ModelConfig:
     def __post_init__(self) -> None:
         _check(isinstance(self.arch, str) and self.arch != "", "model.arch", "must be a name")
         _in(self.dtype, ("float32", "bfloat16", "float16"), "model.dtype")
-        _in(self.shard, ("none", "fsdp2"), "model.shard")
+        _in(self.shard, ("none", "fsdp2", "deepspeed"), "model.shard")
         _range(self.shard_group_size, "model.shard_group_size", 1, 4096, integer=True)
         _check(self.shard_group_size == 1 or self.shard != "none", "model.shard_group_size",
-               f"got {self.shard_group_size}; a lane of several ranks needs model.shard=fsdp2")
+               f"got {self.shard_group_size}; a lane of several ranks needs model.shard "
+               "fsdp2 or deepspeed")
         _range(self.lora_rank, "model.lora_rank", 1, 4096, integer=True)
         _range(self.lora_alpha, "model.lora_alpha", 0.0, None, lo_open=True)
         _range(self.lora_dropout, "model.lora_dropout", 0.0, 1.0, hi_open=True)

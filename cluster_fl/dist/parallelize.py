@@ -12,8 +12,9 @@ fixed order, applies
    the backward pass (``model.activation_checkpointing``); parameter names do not change;
 4. **sharding of a client lane** -- with ``model.shard_group_size`` G > 1 the world's ranks form
    world/G lanes (a 2-D mesh: lane × shard). The frozen base is sharded over the G ranks of a lane
-   with FSDP2 ``fully_shard`` (one unit per encoder/decoder layer, the rest in the root unit); the
-   trainable groups are *ignored* by FSDP and replicated, so Δ, clipping and the secure sum see
+   with FSDP2 ``fully_shard`` (one unit per encoder/decoder layer, the rest in the root unit) or
+   DeepSpeed ZeRO-3 (:mod:`cluster_fl.dist.deepspeed`); the trainable groups are left out of the
+   sharding and replicated, so Δ, clipping and the secure sum see
    whole tensors exactly as in an unsharded run. A lane trains one client at a time: each member
    runs its slice of every batch, the members' trainable gradients are summed over the lane and
    divided by the batch's token count (:meth:`Placement.backward`), which is the gradient of the
@@ -261,5 +262,10 @@ def parallelize(model: nn.Module, model_cfg: Any, device: torch.device,
         mesh = lane_mesh(layout, device)
         apply_fsdp2(model, mesh, device)
         group = mesh.get_group()
+    elif shard == "deepspeed":
+        from cluster_fl.dist.deepspeed import apply_zero3
+
+        group = lane_mesh(layout, device).get_group()
+        model._zero3_hooks = apply_zero3(model, group, device)  # lives as long as the model
     return Placement(device, dtype, layout, group, shard)
 
