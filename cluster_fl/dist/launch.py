@@ -124,6 +124,11 @@ def detect_launch(env: Mapping[str, str] | None = None) -> LaunchEnv | None:
     return env_from_torchrun(env) or env_from_slurm(env)
 
 
+def torch_env_set(env: Mapping[str, str] | None = None) -> bool:
+    """True when a launcher (torchrun, or a wrapper before us) already set torch's variables."""
+    return env_from_torchrun(os.environ if env is None else env) is not None
+
+
 def launch_rank(env: Mapping[str, str] | None = None) -> int:
     """This process's global rank as the launcher set it (0 when launched alone)."""
     launch = detect_launch(env)

@@ -38,7 +38,7 @@ import submitit
 from submitit.helpers import Checkpointable, DelayedSubmission
 
 from cluster_fl.config import Config, build_config, parse_override, to_dict
-from cluster_fl.dist.launch import submitit_torch_env
+from cluster_fl.dist.launch import submitit_torch_env, torch_env_set
 from cluster_fl.errors import UserError
 from cluster_fl.experiments.gridspec import Grid, Resources, RunSpec, expand, load_grid, run_folder
 from cluster_fl.experiments import status as status_mod
@@ -59,7 +59,7 @@ def _engine_train(cfg: Config) -> Path:
 def _export_torch_env() -> None:
     """Translate a multi-task submitit/SLURM job into the variables torch.distributed reads
     (what torchrun would set), unless a launcher already set them."""
-    if "RANK" in os.environ:
+    if torch_env_set():
         return
     try:
         env = submitit.JobEnvironment()

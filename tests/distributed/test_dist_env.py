@@ -97,3 +97,18 @@ def test_bitwise_differences_sees_sign_of_zero_dtype_and_one_ulp():
     assert bitwise_differences({"a": 1}, {"b": 1})
     assert bitwise_differences([1, 2], (1, 2))
     assert bitwise_differences(float("nan"), float("nan")) == []
+
+
+def test_submitit_jobs_get_torchruns_variables_with_the_slurm_port_rule():
+    from types import SimpleNamespace
+
+    from cluster_fl.dist import launch_rank, submitit_torch_env, torch_env_set
+
+    job = SimpleNamespace(raw_job_id="4242_7", hostnames=["gpu3", "gpu4"], global_rank=5,
+                          num_tasks=8, local_rank=1, num_nodes=2)
+    env = submitit_torch_env(job)
+    assert env == {"MASTER_ADDR": "gpu3", "MASTER_PORT": str(slurm_port("42427")), "RANK": "5",
+                   "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4"}
+    assert torch_env_set(env) and not torch_env_set({"SLURM_PROCID": "0"})
+    assert launch_rank(env) == 5 and launch_rank({}) == 0
+    assert launch_rank({"SLURM_PROCID": "3", "SLURM_NTASKS": "4"}) == 3

@@ -1,0 +1,73 @@
+"""Rules the house depends on, as tests (torchtitan's habit): who may import what.
+
+* Only the process boundary, ``cluster_fl/dist/``, imports ``torch.distributed``.
+* Only ``cluster_fl/dist/`` reads the launcher's variables (torchrun's ``RANK``, ``WORLD_SIZE``,
+  ``LOCAL_RANK``, ``MASTER_ADDR``/``MASTER_PORT``; SLURM's ``SLURM_*``): launchers and the engine
+  ask :mod:`cluster_fl.dist.launch`.
+* Model code (``cluster_fl/models/``) and privacy code (``cluster_fl/privacy/``) never mention
+  devices of other ranks: they import nothing from ``cluster_fl.dist``.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "cluster_fl"
+LAUNCH_VARS = re.compile(r"^(RANK|WORLD_SIZE|LOCAL_RANK|LOCAL_WORLD_SIZE|MASTER_ADDR|MASTER_PORT"
+                         r"|SLURM_\w+)$")
+
+
+def _modules() -> list[tuple[str, ast.Module]]:
+    return [(str(p.relative_to(PACKAGE.parent)), ast.parse(p.read_text(), str(p)))
+            for p in sorted(PACKAGE.rglob("*.py"))]
+
+
+def _imports(tree: ast.Module) -> list[str]:
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            out.append(node.module)
+            out += [f"{node.module}.{a.name}" for a in node.names]
+    return out
+
+
+def _outside(path: str, folder: str) -> bool:
+    return not path.startswith(f"cluster_fl/{folder}/")
+
+
+def test_only_the_process_boundary_imports_torch_distributed():
+    offenders = [path for path, tree in _modules() if _outside(path, "dist")
+                 and any(m == "torch.distributed" or m.startswith("torch.distributed.")
+                         for m in _imports(tree))]
+    assert offenders == []
+
+
+def test_only_the_process_boundary_reads_launcher_variables():
+    offenders = []
+    for path, tree in _modules():
+        if not _outside(path, "dist"):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                    and LAUNCH_VARS.match(node.value):
+                offenders.append(f"{path}:{node.lineno} {node.value}")
+    assert offenders == []
+
+
+def test_model_and_privacy_code_know_nothing_of_ranks():
+    offenders = [path for path, tree in _modules()
+                 if (path.startswith("cluster_fl/models/") or path.startswith("cluster_fl/privacy/"))
+                 and any(m.startswith("cluster_fl.dist") for m in _imports(tree))]
+    assert offenders == []
+
+
+def test_the_rules_see_a_planted_violation(tmp_path):
+    # the scanners must find what they look for, or the tests above prove nothing
+    tree = ast.parse("import torch.distributed as d\nx = os.environ['SLURM_PROCID']\n")
+    assert "torch.distributed" in _imports(tree)
+    assert any(isinstance(n, ast.Constant) and LAUNCH_VARS.match(str(n.value))
+               for n in ast.walk(tree))
