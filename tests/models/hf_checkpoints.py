@@ -35,3 +35,18 @@ def save_whisper_llama(root, dtype: torch.dtype = torch.float32):
                                  vocab_size=13)).to(dtype).save_pretrained(root / "llama")
     save_tokenizer(root / "llama")
     return root
+
+
+def save_voxtral(path, dtype: torch.dtype = torch.float32):
+    """A small random Voxtral (audio tower + projector + LM) and tokenizer saved to ``path``."""
+    from transformers import VoxtralConfig, VoxtralForConditionalGeneration
+
+    cfg = VoxtralConfig(
+        audio_config=dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                          intermediate_size=256, num_mel_bins=80, max_source_positions=500),
+        text_config=dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                         num_key_value_heads=2, intermediate_size=128, vocab_size=13,
+                         head_dim=32, max_position_embeddings=512), audio_token_id=12)
+    VoxtralForConditionalGeneration(cfg).to(dtype).save_pretrained(path)
+    save_tokenizer(path)
+    return path

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hf_checkpoints import save_tokenizer, save_whisper_llama
+from hf_checkpoints import save_voxtral, save_whisper_llama
 
 from cluster_fl.config import ModelConfig, load_config
 from cluster_fl.dist.parallelize import DTYPES, Placement, parallelize
@@ -59,16 +59,7 @@ def test_a_checkpoint_of_any_dtype_trains_in_the_policy(checkpoints, saved, dtyp
 
 
 def test_voxtral_in_bf16_keeps_fp32_masters(tmp_path, batch):
-    from transformers import VoxtralConfig, VoxtralForConditionalGeneration
-
-    cfg_hf = VoxtralConfig(
-        audio_config=dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
-                          intermediate_size=256, num_mel_bins=80, max_source_positions=500),
-        text_config=dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
-                         num_key_value_heads=2, intermediate_size=128, vocab_size=13,
-                         head_dim=32, max_position_embeddings=512), audio_token_id=12)
-    VoxtralForConditionalGeneration(cfg_hf).to(torch.float16).save_pretrained(tmp_path / "vox")
-    save_tokenizer(tmp_path / "vox")
+    save_voxtral(tmp_path / "vox", torch.float16)
     cfg = ModelConfig(arch="voxtral", decoder_path=str(tmp_path / "vox"), lora_rank=2,
                       dtype="bfloat16")
     model = build_model(cfg)

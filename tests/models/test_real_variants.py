@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hf_checkpoints import save_tokenizer, save_whisper_llama
+from hf_checkpoints import save_voxtral, save_whisper_llama
 
 from cluster_fl.config import ModelConfig
 from cluster_fl.errors import UserError
@@ -41,16 +41,7 @@ def test_real_variant_without_paths_is_a_user_error():
 
 
 def test_voxtral_loads_local_weights_and_separates_tower_from_lm(tmp_path, batch):
-    from transformers import VoxtralConfig, VoxtralForConditionalGeneration
-
-    cfg_hf = VoxtralConfig(
-        audio_config=dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
-                          intermediate_size=256, num_mel_bins=80, max_source_positions=500),
-        text_config=dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
-                         num_key_value_heads=2, intermediate_size=128, vocab_size=13,
-                         head_dim=32, max_position_embeddings=512), audio_token_id=12)
-    VoxtralForConditionalGeneration(cfg_hf).save_pretrained(tmp_path / "vox")
-    save_tokenizer(tmp_path / "vox")
+    save_voxtral(tmp_path / "vox")
     cfg = ModelConfig(arch="voxtral", decoder_path=str(tmp_path / "vox"), lora_rank=2)
     model = build_model(cfg)
     assert model.connector.stack == 4  # intermediate_size / hidden_size frames per token
