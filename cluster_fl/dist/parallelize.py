@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import warnings
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -231,6 +232,10 @@ def apply_fsdp2(model: nn.Module, mesh: Any, device: torch.device) -> None:
     fully_shard(model, mesh=mesh, ignored_params=trainable)
     for method in ("loss", "audio_embeddings"):
         register_fsdp_forward_method(model, method)
+    # audio_embeddings returns views of the encoder states; FSDP2 warns that an in-place op on
+    # such a view would skip its pre-backward hook. The model code never writes into them.
+    warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(FSDPSpeechLLM\) returned "
+                            r"a view tensor")
 
 
 def lane_mesh(layout: LaneLayout, device: torch.device) -> Any:
