@@ -3,13 +3,17 @@
 Owns the memory model of DESIGN §12. The world of N GPUs splits into N/G client lanes of G ranks
 (``model.shard_group_size``); a lane trains one client at a time, the frozen base sharded over its
 G ranks (FSDP2: one unit per encoder/decoder layer, the rest in the root unit), the trainable
-state replicated, and each member running ⌈B/G⌉ of the B utterances of a batch. Per GPU::
+state replicated, and each member running ⌈B/G⌉ of the B utterances of a batch (DeepSpeed
+ZeRO-3 lanes are sized the same way). Per GPU::
 
     base        frozen parameters x bytes(model.dtype) / G
-    gathered    (root unit + 2 x largest layer) x bytes(model.dtype) x (G-1)/G      (G > 1)
+    gathered    (root unit x (G-1)/G + 2 x largest layer) x bytes(model.dtype)     (G > 1)
                 the root unit (convolutions, positions, embeddings, norms, LM head) stays
-                gathered through forward and backward; one layer unit computes while the next
-                is prefetched
+                gathered through forward and backward; a layer is all-gathered into a buffer
+                and copied out into its unsharded parameters (or computes while the next is
+                prefetched): two whole layers. bench/lane_memory.py's CPU lane (211M, 12 x
+                1024, 8 x 3 s, fp32; results/LOG.md, session 5) measured 1146 / 846 MiB per
+                rank at G=2 without / with checkpointing; this model plans 1136 / 852
     trainable   P x 16 B: fp32 LoRA/connector master weights 4, gradients 4, AdamW moments 8
     buffers     P x 16 B: global state 4, update Δ 4, int64 fixed-point sum 8 (the cpu profile
                 adds 24 B: rank 0's float64 decoded sum, noised sum and broadcast buffer live on
@@ -25,47 +29,55 @@ P = trainable parameters (LoRA on q/k/v + the connector), counted on the meta de
 **Activations: measured on a narrow twin at plan time.** The twin is the configured model with
 every width divided by f -- hidden sizes, attention and key/value heads (head size kept), FFN,
 vocabulary, LoRA rank -- built with 1 or 2 encoder and decoder layers, zero weights (memory
-depends on shapes only), the dtype policy (frozen base in ``model.dtype``, LoRA/connector fp32,
-autocast) and, for the checkpointed figure, a non-reentrant ``torch.utils.checkpoint`` around
-every encoder and decoder layer (as ``dist.parallelize`` applies it). One utterance of
-``--seconds`` audio and ``--text-tokens`` text runs forward and backward through ``model.loss``
-under :class:`PeakMeter`, which counts the bytes of every tensor storage created meanwhile
-(parameters, the batch and pre-allocated gradients excluded) and keeps the peak of three
-phases: forward, decoder backward, encoder backward. Each phase's peak is linear in the layer
-counts (a layer adds its saved tensors, or with checkpointing its stored input), so the three
-measurements (1,1), (2,1), (1,2) give it at the real counts; A = f x the largest phase. Every
-per-token tensor of a layer (hidden, FFN, q/k/v, per-head log-sum-exp, eager attention's
-heads x T² probabilities) and the logits (vocabulary / f) shrink exactly by f, so the twin scales
-back without a fitted constant; rotary tables and masks do not shrink and are negligible. The
-figures in the issue's unit -- bytes per token·hidden·layer -- are reported from the slopes.
+depends on shapes only), and ``dist.parallelize``'s own dtype policy (frozen base in
+``model.dtype``, LoRA/connector fp32, autocast) and activation checkpointing (non-reentrant
+``torch.utils.checkpoint`` around every encoder and decoder layer) for the checkpointed figure.
+One utterance of ``--seconds`` audio and ``--text-tokens`` text runs forward and backward
+through ``model.loss`` under :class:`PeakMeter`, which counts the bytes of every tensor storage
+created meanwhile (parameters, the batch and pre-allocated gradients excluded) and keeps the
+peak of three phases: forward, decoder backward, encoder backward. Each phase's peak is linear
+in the layer counts (a layer adds its saved tensors, or with checkpointing its stored input), so
+the measurements (1,1), (2,1), (1,2) give it at the real counts; A = f x the largest phase (with
+checkpointing the peak moves between phases as layers are added, hence phases). Every per-token
+tensor of a layer (hidden, FFN, q/k/v, per-head log-sum-exp, eager attention's heads x T²
+probabilities) and the logits (vocabulary / f) shrink exactly by f, so the twin scales back
+without a fitted constant; rotary tables and masks do not shrink and are negligible. Matmul,
+convolution and fused-attention kernels are not computed (``skip_compute``): their outputs are
+allocated at the shapes their meta kernels give and zero-filled -- with zero weights that is what
+they compute, bar attention's log-sum-exp -- so a bf16 twin costs no bf16 arithmetic on a CPU
+without bf16 units. The figures in the issue's unit -- bytes per token·hidden·layer -- are
+reported from the slopes (bf16: ~26 encoder / ~36 decoder plain, 2 checkpointed).
 
-Measuring at plan time (~1-10 s) rather than storing constants keeps the estimate true to the
-model code as it is (a new saved tensor, a KV cache, an attention implementation, a local
-config.json with other dimensions) instead of a table that goes stale silently. The registry's
-``-tiny`` variants are not the twin: they do not keep the real ratios (voxtral-tiny's encoder FFN
-is 8x its width for the stacking connector, real Voxtral's 4x; other GQA ratios). The twin runs
-with ``use_cache=False`` (a training forward needs no KV cache). Measured with CPU autocast, whose
-op lists differ slightly from CUDA's; float16 is measured as bfloat16 (same widths).
+Measuring at plan time (~1 s on one core, after the imports) rather than storing constants keeps
+the estimate true to the model code as it is (a new saved tensor, a KV cache, an attention
+implementation, a local config.json with other dimensions) instead of a table that goes stale
+silently. The registry's ``-tiny`` variants are not the twin: they do not keep the real ratios
+(voxtral-tiny's encoder FFN is 8x its width for the stacking connector, real Voxtral's 4x; other
+GQA ratios). Measured with CPU autocast, whose op lists differ slightly from CUDA's; float16 is
+measured as bfloat16 (same widths).
 
-Device profiles: ``cpu`` is fitted by ``bench/plan_memory.py`` (peak RSS against the plan);
-``cuda`` is a stated estimate (no GPU measured here): CUDA context and kernels ~0.6 GiB, NCCL
-communicators of the world and lane groups ~1 GiB, cuBLAS workspaces, rounded to 2 GiB, plus 10%
-of the activations for the caching allocator's fragmentation.
+Device profiles. ``cuda`` is a stated estimate, not measured (no GPU here): CUDA context and
+kernels ~0.6 GiB, NCCL communicators of the world and lane groups ~1 GiB, cuBLAS workspaces --
+2 GiB -- plus 10% of the activations for the caching allocator's fragmentation. ``cpu``: the
+peak RSS beyond the tensors was 188-222 MB in all eight rows of ``bench/plan_memory.py`` (two
+models, fp32/bf16, +/- checkpointing), whatever the activations -- 200 MiB, no slack -- with
+glibc's mmap threshold pinned; glibc's default keeps a further 150-470 MiB of freed blocks
+(see the bench), which this profile does not promise to cover.
 
 Not modelled: evaluation (greedy decoding without gradients, smaller than a training step), the
 short-lived clipping copies and float64 server step after local training (no activations then;
 <= 40 B/P), AdamW's foreach temporaries during ``step`` (after the activations are freed).
 
-``--json`` (stable): {"arch", "dtype", "activation_checkpointing", "device", "gpus",
-"gpu_memory_bytes", "workload": {"batch_size", "seconds", "frames", "encoder_tokens",
+``--json`` (stable; more keys may appear): {"arch", "dtype", "activation_checkpointing", "device",
+"gpus", "gpu_memory_bytes", "workload": {"batch_size", "seconds", "frames", "encoder_tokens",
 "decoder_tokens", "text_tokens"}, "model": {"frozen_params", "trainable_params", "root_params",
 "largest_layer_params", "encoder_layers", "decoder_layers"}, "activations": {"width_divisor",
 "per_utterance_bytes": {"plain", "checkpointed"}, "bytes_per_token_hidden_layer": {"encoder":
 {"plain", "checkpointed"}, "decoder": {...}}}, "rows": [{"group_size", "lanes",
-"utterances_per_gpu", "base_bytes", "gathered_bytes", "trainable_bytes", "buffers_bytes",
-"plain": {"activations_bytes", "overhead_bytes", "total_bytes", "fits"}, "checkpointed": {...}}],
-"smallest": {"plain": {"group_size", "lanes"} | null, "checkpointed": ... | null},
-"fits": bool (the config's own setting), "message"}.
+"utterances_per_gpu", "base_bytes", "gathered_bytes", "trainable_bytes", "buffers_bytes", "plain":
+{"activations_bytes", "overhead_bytes", "total_bytes", "fits"}, "checkpointed": {...}}],
+"smallest": {"plain": {"group_size", "lanes"} | null, "checkpointed": ... | null}, "uses":
+"plain"|"checkpointed" (the config's setting), "fits" (at that setting), "message"}.
 """
 
 from __future__ import annotations
@@ -102,11 +114,9 @@ class DeviceProfile:
     host_noise: bool  # rank 0's float64 noise buffers live in this memory
 
 
-PROFILES = {
-    # stated, not measured (module docstring): context + NCCL + workspaces, caching allocator
+PROFILES = {  # module docstring: cuda stated, cpu measured by bench/plan_memory.py
     "cuda": DeviceProfile("cuda", 2 * GIB, 0.10, host_noise=False),
-    # fitted by bench/plan_memory.py on 2 cores (glibc malloc, oneDNN scratch, autograd graph)
-    "cpu": DeviceProfile("cpu", 160 * 1024 ** 2, 0.10, host_noise=True),
+    "cpu": DeviceProfile("cpu", 200 * 1024 ** 2, 0.0, host_noise=True),
 }
 
 
@@ -145,13 +155,10 @@ def model_shape(model: Any) -> ModelShape:
         root_params=sum(p.numel() for p in frozen if id(p) not in in_layers),
         largest_layer_params=max(layer_sizes, default=0),
         encoder_layers=len(enc_layers), decoder_layers=len(dec_layers),
-        encoder_width=_encoder_width(model.encoder.config),
+        encoder_width=getattr(model.encoder.config, "d_model", None)
+        or model.encoder.config.hidden_size,
         decoder_width=model.decoder.config.hidden_size, stack=model.connector.stack,
         max_frames=2 * model.encoder.embed_positions.weight.shape[0])
-
-
-def _encoder_width(cfg: Any) -> int:
-    return cfg.d_model if hasattr(cfg, "d_model") else cfg.hidden_size
 
 
 @dataclass(frozen=True)
@@ -252,6 +259,7 @@ def _allocate_like(func: Any, args: Any, kwargs: Any) -> Any:
 
 
 PHASES = ("forward", "decoder", "encoder")
+MODES = ("plain", "checkpointed")
 
 
 @dataclass(frozen=True)
@@ -303,7 +311,7 @@ def build_twin(model: Any, model_cfg: ModelConfig, f: int, layers: int = 2) -> A
     d.update(hidden_size=_narrow(dec.hidden_size, f), intermediate_size=_narrow(
         dec.intermediate_size, f), num_attention_heads=_narrow(dec.num_attention_heads, f),
         num_key_value_heads=_narrow(kv, f), head_dim=head_dim, num_hidden_layers=layers,
-        vocab_size=max(_narrow(dec.vocab_size, f), len(CharTokenizer())), use_cache=False)
+        vocab_size=max(_narrow(dec.vocab_size, f), len(CharTokenizer())))
     dec_cfg = LlamaConfig.from_dict({k: v for k, v in d.items() if k in LlamaConfig().to_dict()
                                      or k == "head_dim"})
     for cfg, src in ((enc_cfg, enc), (dec_cfg, dec)):
@@ -312,7 +320,6 @@ def build_twin(model: Any, model_cfg: ModelConfig, f: int, layers: int = 2) -> A
     spec = ArchSpec("twin", family, {}, {}, stack=model.connector.stack, tiny=True)
     with _quiet_transformers(), torch.device("meta"):
         twin = _assemble(spec, enc_cfg, dec_cfg, CharTokenizer(), with_ctc=False)
-    twin.decoder.config.use_cache = False
     apply_lora(twin, replace(model_cfg, lora_rank=_narrow(model_cfg.lora_rank, f)))
     twin.to_empty(device="cpu")
     with torch.no_grad():
@@ -339,44 +346,30 @@ def _layers(model: Any, n_enc: int, n_dec: int) -> Iterator[None]:
         lm.config.num_hidden_layers = saved
 
 
-def checkpoint_layers(model: Any) -> None:
-    """Non-reentrant activation checkpointing of every encoder and decoder layer (instance-level,
-    names unchanged), the wrapping ``dist.parallelize`` applies."""
-    import functools
-
-    import torch
-    from torch.utils.checkpoint import checkpoint
-
-    for layer in [*layer_lists(model)[0], *layer_lists(model)[1]]:
-        inner = layer.forward
-
-        @functools.wraps(inner)
-        def forward(*args: Any, _inner: Any = inner, **kwargs: Any) -> Any:
-            if torch.is_grad_enabled():
-                return checkpoint(_inner, *args, use_reentrant=False, **kwargs)
-            return _inner(*args, **kwargs)
-
-        layer.forward = forward
+def measured_dtype(dtype_name: str) -> str:
+    """The dtype a CPU measurement uses: float16 as bfloat16 (same widths, CPU autocast)."""
+    return "bfloat16" if dtype_name == "float16" else dtype_name
 
 
-def set_dtype_policy(model: Any, dtype_name: str) -> None:
-    """Frozen parameters in ``dtype_name``, trainable ones fp32 (as ``dist.parallelize``)."""
+def apply_policy(model: Any, dtype_name: str, checkpointing: bool) -> None:
+    """The dtype policy and activation checkpointing exactly as ``dist.parallelize`` applies
+    them (frozen base in the dtype, trainable groups fp32; every layer checkpointed)."""
     import torch
 
-    dtype = getattr(torch, dtype_name)
-    for p in model.parameters():
-        want = torch.float32 if p.requires_grad else dtype
-        if p.is_floating_point() and p.dtype != want:
-            p.data = p.data.to(want)
+    from cluster_fl.dist.parallelize import apply_activation_checkpointing, apply_dtype
+
+    apply_dtype(model, getattr(torch, measured_dtype(dtype_name)))
+    if checkpointing:
+        apply_activation_checkpointing(model)
 
 
 def compute_context(dtype_name: str) -> contextlib.AbstractContextManager:
-    """CPU autocast in the base dtype (float16 as bfloat16: same widths, CPU-supported)."""
+    """CPU autocast in the base dtype, as ``Placement.compute`` does on the run's device."""
     import torch
 
     if dtype_name == "float32":
         return contextlib.nullcontext()
-    return torch.autocast("cpu", dtype=torch.bfloat16)
+    return torch.autocast("cpu", dtype=getattr(torch, measured_dtype(dtype_name)))
 
 
 def random_batch(n_mels: int, frames: int, text_tokens: int, batch_size: int = 1) -> Any:
@@ -421,6 +414,23 @@ def step_peaks(model: Any, batch: Any, dtype_name: str, skip_compute: bool = Tru
     return {phase: meter.peaks.get(phase, 0) for phase in PHASES}
 
 
+def _extrapolate(runs: dict[tuple[int, int], dict[str, int]], shape: ModelShape, f: int,
+                 enc_tokens: int, dec_tokens: int) -> ActivationCost:
+    """Each phase's peak is linear in the layer counts: from (1,1), (2,1), (1,2) to the model's
+    counts; the largest phase, times f, is the utterance's activation peak."""
+    peak, slope_e, slope_d = 0.0, 0.0, 0.0
+    for phase in PHASES:
+        base = runs[(1, 1)][phase]
+        d_enc, d_dec = runs[(2, 1)][phase] - base, runs[(1, 2)][phase] - base
+        value = base + (shape.encoder_layers - 1) * d_enc + (shape.decoder_layers - 1) * d_dec
+        if value > peak:
+            peak, slope_e, slope_d = value, d_enc, d_dec
+    return ActivationCost(
+        per_utterance_bytes=int(f * peak),
+        encoder_bytes_per_token_hidden_layer=f * slope_e / (enc_tokens * shape.encoder_width),
+        decoder_bytes_per_token_hidden_layer=f * slope_d / (dec_tokens * shape.decoder_width))
+
+
 def measure_activations(model: Any, model_cfg: ModelConfig, shape: ModelShape,
                         workload: Workload) -> dict[str, ActivationCost]:
     """{"plain", "checkpointed"}: one utterance's activation cost, measured on the narrow twin."""
@@ -433,29 +443,20 @@ def measure_activations(model: Any, model_cfg: ModelConfig, shape: ModelShape,
     batch = random_batch(n_mels, frames, workload.text_tokens)
     out = {}
     threads = torch.get_num_threads()
-    twin = build_twin(model, model_cfg, f)
-    set_dtype_policy(twin, model_cfg.dtype)
-    for mode in ("plain", "checkpointed"):
-        if mode == "checkpointed":
-            checkpoint_layers(twin)
-        runs = {}
-        for counts in ((1, 1), (2, 1), (1, 2)):
-            with _layers(twin, *counts):
-                runs[counts] = step_peaks(twin, batch, model_cfg.dtype)
-        peak, slope_e, slope_d = 0.0, 0.0, 0.0
-        for phase in PHASES:
-            base = runs[(1, 1)][phase]
-            d_enc = runs[(2, 1)][phase] - base
-            d_dec = runs[(1, 2)][phase] - base
-            value = (base + (shape.encoder_layers - 1) * d_enc
-                     + (shape.decoder_layers - 1) * d_dec)
-            if value > peak:
-                peak, slope_e, slope_d = value, d_enc, d_dec
-        out[mode] = ActivationCost(
-            per_utterance_bytes=int(f * peak),
-            encoder_bytes_per_token_hidden_layer=f * slope_e / (enc_tokens * shape.encoder_width),
-            decoder_bytes_per_token_hidden_layer=f * slope_d / (dec_tokens * shape.decoder_width))
-    torch.set_num_threads(threads)
+    torch.set_num_threads(1)  # small tensors: a second thread costs more than it gives
+    try:
+        twin = build_twin(model, model_cfg, f)
+        apply_policy(twin, model_cfg.dtype, checkpointing=False)
+        for mode in MODES:
+            if mode == "checkpointed":
+                apply_policy(twin, model_cfg.dtype, checkpointing=True)
+            runs = {}
+            for counts in ((1, 1), (2, 1), (1, 2)):
+                with _layers(twin, *counts):
+                    runs[counts] = step_peaks(twin, batch, model_cfg.dtype)
+            out[mode] = _extrapolate(runs, shape, f, enc_tokens, dec_tokens)
+    finally:
+        torch.set_num_threads(threads)
     return out
 
 
@@ -487,8 +488,8 @@ def estimate(shape: ModelShape, activation_bytes_per_utterance: int, *, dtype: s
     width = DTYPE_BYTES[dtype]
     g = group_size
     gathered = 0
-    if g > 1:  # the root unit and two layer units are whole while they compute
-        gathered = (shape.root_params + 2 * shape.largest_layer_params) * width * (g - 1) // g
+    if g > 1:  # the root unit stays whole; a layer's gather buffer and its unsharded copy
+        gathered = (shape.root_params * (g - 1) // g + 2 * shape.largest_layer_params) * width
     buffers = BUFFER_BYTES_PER_PARAM + (HOST_NOISE_BYTES_PER_PARAM if profile.host_noise else 0)
     per_gpu = -(-batch_size // g)
     activations = per_gpu * activation_bytes_per_utterance
@@ -507,9 +508,6 @@ def group_sizes(gpus: int) -> list[int]:
             out.append(g)
         g *= 2
     return out if out[-1] == gpus else out + [gpus]
-
-
-MODES = ("plain", "checkpointed")
 
 
 def plan(cfg: Config, gpus: int, gpu_memory_gib: float, seconds: float = 15.0,
@@ -663,8 +661,8 @@ def format_plan(r: dict[str, Any]) -> str:
     prof = r["profile"]
     lines += ["",
               f"totals include {prof['fixed_bytes'] / GIB:.1f} GiB fixed + {prof['slack']:.0%} of "
-              f"the activations ({r['device']} overhead); '!' = over {r['gpu_memory_bytes'] / GIB:g}"
-              f" GiB; base in {width} B/parameter",
+              f"the activations ({r['device']} overhead); '!' = over "
+              f"{r['gpu_memory_bytes'] / GIB:g} GiB; base in {width} B/parameter",
               f"activation checkpointing: {'on' if r['activation_checkpointing'] else 'off'} "
               f"(model.activation_checkpointing)"]
     if r["shard"] == "none" and len(r["rows"]) > 1:
