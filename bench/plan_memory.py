@@ -13,20 +13,24 @@ printed; the goal is within 20% (0.8-1.2) for every row.
     python bench/plan_memory.py                      # both models, fp32 and bf16, +/- checkpointing
     python bench/plan_memory.py --models tiny --dtypes float32
 
+Measured 2026-12-03 on 2 cores (``python bench/plan_memory.py``), plan / measured MiB, without /
+with checkpointing: tiny fp32 1056/1048, 680/677; tiny bf16 701/683, 449/437; 211M fp32
+1822/1779, 1250/1211; 211M bf16 1200/1126, 829/761 -- ratios 1.01-1.09.
+
 Models: the registry's ``whisper-tinyllama-tiny`` (eager attention, as it runs) with 16 x 15 s
 utterances; ``random-200m``, a random-init Whisper-tiny-sized encoder (384 x 4) and a Llama
 decoder of 1024 x 12 (GQA 16/4, FFN 2816, vocabulary 32000) -- 211M parameters, SDPA attention --
 with 4 x 10 s utterances. The dtype policy and checkpointing are ``dist.parallelize``'s own.
 
-**glibc's allocator.** With glibc's defaults the peak RSS exceeded the step's tensors by
-360-680 MiB, ~230 MiB more in the fp32 rows than in the bf16 ones, little related to the
-activations (2026-12-03, ``--malloc default``): glibc raises its mmap threshold each time a large
-block is freed (up to 32 MiB), so later activation-sized blocks come from heap arenas that keep
-freed memory resident. That is retention by this allocator, not memory the step holds, and no
-model of the step predicts it within 20%; the children therefore run with
-``MALLOC_MMAP_THRESHOLD_=131072`` (glibc's initial threshold, made static), so that a freed block
-is returned and the peak RSS is what the step holds. ``--malloc default`` measures with glibc's
-dynamic threshold (reported, not a goal).
+**glibc's allocator.** With glibc's defaults the peak RSS exceeded the step's tensors by 350-650
+MiB (plan / measured 0.61-0.87), ~150 MiB more in the fp32 rows than in the bf16 ones and little
+related to the activations (2026-12-03, ``--malloc default``; pinned: 190-220 MiB): glibc raises
+its mmap threshold each time a large block is freed (up to 32 MiB), so later activation-sized
+blocks come from heap arenas that keep freed memory resident. That is retention by this allocator,
+not memory the step holds, and no model of the step predicts it within 20%; the children therefore
+run with ``MALLOC_MMAP_THRESHOLD_=131072`` (glibc's initial threshold, made static), so that a
+freed block is returned and the peak RSS is what the step holds. ``--malloc default`` measures with
+glibc's dynamic threshold (reported, not a goal).
 
 bfloat16 matmuls have no fast kernel on CPUs without AVX512-BF16/AMX (~1 GFLOP/s here, hours for
 the 200M model), so ``--compute auto`` runs the bf16 rows with the planner's ``skip_compute``

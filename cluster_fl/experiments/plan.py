@@ -417,14 +417,15 @@ def step_peaks(model: Any, batch: Any, dtype_name: str, skip_compute: bool = Tru
 def _extrapolate(runs: dict[tuple[int, int], dict[str, int]], shape: ModelShape, f: int,
                  enc_tokens: int, dec_tokens: int) -> ActivationCost:
     """Each phase's peak is linear in the layer counts: from (1,1), (2,1), (1,2) to the model's
-    counts; the largest phase, times f, is the utterance's activation peak."""
-    peak, slope_e, slope_d = 0.0, 0.0, 0.0
+    counts; the largest phase, times f, is the utterance's activation peak. The per-layer
+    figures are each component's largest slope (its layers' cost where they weigh most)."""
+    peak, slope_e, slope_d = 0, 0, 0
     for phase in PHASES:
         base = runs[(1, 1)][phase]
         d_enc, d_dec = runs[(2, 1)][phase] - base, runs[(1, 2)][phase] - base
-        value = base + (shape.encoder_layers - 1) * d_enc + (shape.decoder_layers - 1) * d_dec
-        if value > peak:
-            peak, slope_e, slope_d = value, d_enc, d_dec
+        peak = max(peak, base + (shape.encoder_layers - 1) * d_enc
+                   + (shape.decoder_layers - 1) * d_dec)
+        slope_e, slope_d = max(slope_e, d_enc), max(slope_d, d_dec)
     return ActivationCost(
         per_utterance_bytes=int(f * peak),
         encoder_bytes_per_token_hidden_layer=f * slope_e / (enc_tokens * shape.encoder_width),
@@ -622,6 +623,10 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _count(n: int) -> str:
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"
+
+
 def _gib(n: int) -> str:
     return f"{n / GIB:.1f}"
 
@@ -631,8 +636,8 @@ def format_plan(r: dict[str, Any]) -> str:
     m, w, a = r["model"], r["workload"], r["activations"]
     width = DTYPE_BYTES[r["dtype"]]
     lines = [
-        f"{r['arch']}: {m['frozen_params'] / 1e9:.2f}B frozen ({r['dtype']}), "
-        f"{m['trainable_params'] / 1e6:.1f}M trainable (fp32 + AdamW); {r['gpus']} GPU"
+        f"{r['arch']}: {_count(m['frozen_params'])} frozen ({r['dtype']}), "
+        f"{_count(m['trainable_params'])} trainable (fp32 + AdamW); {r['gpus']} GPU"
         f"{'s' if r['gpus'] > 1 else ''} x {r['gpu_memory_bytes'] / GIB:g} GiB "
         f"({r['device']} profile)",
         f"batch: {w['batch_size']} x {w['seconds']:g} s = {w['frames']} frames -> "
@@ -665,6 +670,9 @@ def format_plan(r: dict[str, Any]) -> str:
               f"{r['gpu_memory_bytes'] / GIB:g} GiB; base in {width} B/parameter",
               f"activation checkpointing: {'on' if r['activation_checkpointing'] else 'off'} "
               f"(model.activation_checkpointing)"]
+    if w["frames"] < round(w["seconds"] * FRAMES_PER_SECOND):
+        lines.append(f"utterances are cut to the encoder's window ({w['frames']} frames), as "
+                     "SpeechLLM.encode does")
     if r["shard"] == "none" and len(r["rows"]) > 1:
         lines.append("rows with G > 1 assume model.shard=fsdp2 (the config says none)")
     lines.append(r["message"])
