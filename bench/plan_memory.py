@@ -117,7 +117,7 @@ def child(name: str, dtype: str, checkpointing: bool, compute: str, threads: int
     """One client's two training steps and aggregation in this (fresh) process."""
     import torch
 
-    from cluster_fl.experiments import plan as P
+    from cluster_fl.experiments import activations as A
     from cluster_fl.models import trainable_parameters
 
     torch.set_num_threads(threads)
@@ -125,24 +125,24 @@ def child(name: str, dtype: str, checkpointing: bool, compute: str, threads: int
     rss0 = reset_peak_rss()
     model, cfg = build(name, dtype)
     if checkpointing:
-        P.apply_policy(model, dtype, checkpointing=True)
+        A.apply_policy(model, dtype, checkpointing=True)
     model.train()
     params = trainable_parameters(model)
     n_trainable = sum(p.numel() for p in params.values())
     global_state = {k: p.detach().clone() for k, p in params.items()}
     acc = torch.zeros(n_trainable + 8, dtype=torch.int64)  # the secure sum's buffer
     opt = torch.optim.AdamW(params.values(), lr=1e-4)
-    shape = P.model_shape(model)
-    frames = P.Workload(batch_size, seconds, text_tokens).frames(shape)
-    batch = P.random_batch(model.encoder.conv1.in_channels, frames, text_tokens, batch_size)
+    shape = A.model_shape(model)
+    frames = A.Workload(batch_size, seconds, text_tokens).frames(shape)
+    batch = A.random_batch(model.encoder.conv1.in_channels, frames, text_tokens, batch_size)
     skip = compute == "skip" or (compute == "auto" and dtype != "float32")
     t0 = time.perf_counter()
     logical = 0
     for _ in range(2):
         opt.zero_grad(set_to_none=True)
-        meter = P.PeakMeter(skip_compute=skip)
+        meter = A.PeakMeter(skip_compute=skip)
         with meter.active():
-            with P.compute_context(dtype):
+            with A.compute_context(dtype):
                 loss, _ = model.loss(batch)
             loss.backward()
             del loss
@@ -163,15 +163,16 @@ def child(name: str, dtype: str, checkpointing: bool, compute: str, threads: int
 
 def planned(name: str, dtype: str) -> dict:
     """The plan's G = 1 terms on the cpu profile, from the meta-device model."""
+    from cluster_fl.experiments import activations as A
     from cluster_fl.experiments import plan as P
 
     skeleton, cfg = build(name, dtype, device="meta")
-    shape = P.model_shape(skeleton)
+    shape = A.model_shape(skeleton)
     batch_size, seconds, text_tokens = WORKLOADS[name]
-    acts = P.measure_activations(skeleton, cfg, shape, P.Workload(batch_size, seconds,
+    acts = A.measure_activations(skeleton, cfg, shape, A.Workload(batch_size, seconds,
                                                                      text_tokens))
     out = {"params": shape.frozen_params + shape.trainable_params}
-    for mode in P.MODES:
+    for mode in A.MODES:
         t = P.estimate(shape, acts[mode].per_utterance_bytes, dtype=dtype, group_size=1, gpus=1,
                        batch_size=batch_size, profile=P.PROFILES["cpu"])
         out[mode] = {"total": t.total, "base": t.base, "trainable": t.trainable,

@@ -7,13 +7,14 @@ from pathlib import Path
 
 import pytest
 
+from cluster_fl.experiments import activations as A
 from cluster_fl.experiments import plan as P
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = str(REPO / "configs" / "arch" / "whisper-tinyllama-tiny.yaml")
 GIB = 1024 ** 3
 
-SHAPE = P.ModelShape(frozen_params=8_000_000_000, trainable_params=20_000_000,
+SHAPE = A.ModelShape(frozen_params=8_000_000_000, trainable_params=20_000_000,
                      root_params=1_000_000_000, largest_layer_params=200_000_000,
                      encoder_layers=32, decoder_layers=42, encoder_width=1280, decoder_width=4096,
                      stack=4, max_frames=3000)
@@ -80,17 +81,17 @@ def tiny():
     skeleton = apply_lora(build_skeleton(cfg), cfg)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the direct steps below, like the planner's own
-    yield skeleton, cfg, P.model_shape(skeleton)
+    yield skeleton, cfg, A.model_shape(skeleton)
     torch.set_num_threads(threads)
 
 
-WORK_1S = P.Workload(1, 1.0, 16)
+WORK_1S = A.Workload(1, 1.0, 16)
 
 
 @pytest.fixture(scope="module")
 def tiny_acts(tiny):
     skeleton, cfg, shape = tiny
-    return P.measure_activations(skeleton, cfg, shape, WORK_1S)
+    return A.measure_activations(skeleton, cfg, shape, WORK_1S)
 
 
 def test_twin_extrapolation_equals_measuring_every_layer(tiny, tiny_acts):
@@ -98,12 +99,12 @@ def test_twin_extrapolation_equals_measuring_every_layer(tiny, tiny_acts):
     real forward + backward of the 3+3-layer model."""
     skeleton, cfg, shape = tiny
     work, acts = WORK_1S, tiny_acts
-    batch = P.random_batch(80, work.frames(shape), 16)
-    for mode in P.MODES:
-        full = P.build_twin(skeleton, cfg, 1, layers=3)
+    batch = A.random_batch(80, work.frames(shape), 16)
+    for mode in A.MODES:
+        full = A.build_twin(skeleton, cfg, 1, layers=3)
         if mode == "checkpointed":
-            P.apply_policy(full, "float32", checkpointing=True)
-        direct = max(P.step_peaks(full, batch, "float32", skip_compute=False).values())
+            A.apply_policy(full, "float32", checkpointing=True)
+        direct = max(A.step_peaks(full, batch, "float32", skip_compute=False).values())
         assert acts[mode].per_utterance_bytes == pytest.approx(direct, rel=0.02), mode
     assert acts["checkpointed"].per_utterance_bytes < 0.7 * acts["plain"].per_utterance_bytes
 
@@ -130,9 +131,9 @@ def test_narrow_twin_scales_back_to_the_full_width():
         skeleton = _assemble(ArchSpec("t", "whisper-llama", {}, {}, stack=4, tiny=True), enc,
                              dec, CharTokenizer(), with_ctc=False)
     apply_lora(skeleton, cfg)
-    assert P.width_divisor(skeleton) == 2
-    batch = P.random_batch(80, 200, 16)
-    peaks = [max(P.step_peaks(P.build_twin(skeleton, cfg, f, layers=1), batch,
+    assert A.width_divisor(skeleton) == 2
+    batch = A.random_batch(80, 200, 16)
+    peaks = [max(A.step_peaks(A.build_twin(skeleton, cfg, f, layers=1), batch,
                               "float32").values()) for f in (1, 2)]
     assert peaks[0] == pytest.approx(2 * peaks[1], rel=0.05)
 
@@ -167,13 +168,13 @@ def test_a_config_that_fits_whole_reports_g_1_and_every_gpu_a_lane(tiny_json):
 
 
 def test_longer_utterances_need_more_activation_memory(tiny_json, tiny_acts):
-    for mode in P.MODES:  # 2 s (the fixture) against 1 s
+    for mode in A.MODES:  # 2 s (the fixture) against 1 s
         assert (tiny_json["activations"]["per_utterance_bytes"][mode]
                 > 1.5 * tiny_acts[mode].per_utterance_bytes)
 
 
 def test_nothing_fits_says_so_points_at_checkpointing_and_marks_the_table(tiny_json):
-    totals = {m: tiny_json["rows"][0][m]["total_bytes"] for m in P.MODES}
+    totals = {m: tiny_json["rows"][0][m]["total_bytes"] for m in A.MODES}
     assert totals["checkpointed"] < totals["plain"]
     between = (totals["checkpointed"] + totals["plain"]) / 2 / GIB
     r = _plan(gpus=1, gib=between)
@@ -230,7 +231,7 @@ def test_registry_sizes_eurollm_9b_on_the_meta_device():
     from cluster_fl.models import apply_lora, build_skeleton
 
     cfg = ModelConfig(arch="whisper-eurollm-9b", lora_rank=16)
-    shape = P.model_shape(apply_lora(build_skeleton(cfg), cfg))
+    shape = A.model_shape(apply_lora(build_skeleton(cfg), cfg))
     assert shape.decoder_layers == 42 and shape.encoder_layers == 32
     assert 9.75e9 < shape.frozen_params < 9.83e9
     assert shape.largest_layer_params == 4096 * (2 * 4096 + 2 * 1024) + 3 * 4096 * 12288 + 2 * 4096
