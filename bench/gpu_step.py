@@ -54,7 +54,7 @@ def big(args: argparse.Namespace) -> dict:
     g = torch.Generator().manual_seed(0)
     batch = {"features": torch.randn(args.batch, mels, frames, generator=g),
              "lengths": torch.full((args.batch,), frames),
-             "texts": ["the quick brown fox jumps over the lazy dog " * 4][:1] * args.batch,
+             "texts": ["the quick brown fox jumps over the lazy dog " * 4] * args.batch,
              "languages": ["en"] * args.batch}
     if cuda:
         torch.cuda.synchronize()
@@ -73,6 +73,7 @@ def big(args: argparse.Namespace) -> dict:
             "seconds": args.seconds, "step_s": min(times),
             **({"weights_gib": weights / 2**30,
                 "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
+                "reserved_gib": torch.cuda.max_memory_reserved() / 2**30,
                 "gpu": torch.cuda.get_device_name(0)} if cuda else {"device": "cpu"})}
 
 
