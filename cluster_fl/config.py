@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -153,11 +154,16 @@ class DataConfig:
     """Directory for cached log-mel features (default: ``<corpus>/features``)."""
     n_mels: int = 80
     """Mel bins of the log-mel features (Whisper: 80; large-v3 and Voxtral: 128)."""
+    allow_missing_languages: bool = False
+    """A language of ``languages`` that the corpus lacks (in the client or evaluation split) is
+    an error; ``true`` trains on the languages present and logs the missing ones."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "languages", tuple(self.languages))
         _range(self.n_mels, "data.n_mels", 8, 256, integer=True)
         _check(len(self.languages) > 0, "data.languages", "needs at least one language")
+        _check(isinstance(self.allow_missing_languages, bool), "data.allow_missing_languages",
+               f"got {self.allow_missing_languages!r}; must be true or false")
         _range(self.max_clients, "data.max_clients", 0, None, integer=True)
         _range(self.max_utterances_per_client, "data.max_utterances_per_client", 0, None,
                integer=True)
@@ -242,7 +248,9 @@ class PrivacyConfig:
     target_epsilon: float | None = None
     """If set, ``account`` also reports the σ that reaches this ε."""
     secure_mode: bool = False
-    """Noise and masks from the OS CSPRNG, floating-point-attack-resistant noise; no seed."""
+    """Noise and masks from the OS CSPRNG, floating-point-attack-resistant noise; no seed: a
+    seed given in a preset or an override is refused (``run.seed`` resolves to null), and the
+    run draws its cohort and client randomness from the OS at every start."""
     adaptive_private: bool = True
     """Adaptive statistics (EMA, quantile) are clipped, noised and accounted. ``False`` reproduces
     the paper's non-private EMA and records the guarantee as void."""
@@ -276,6 +284,8 @@ class PrivacyConfig:
 
     def __post_init__(self) -> None:
         _in(self.mechanism, ("gaussian", "none"), "privacy.mechanism")
+        _check(isinstance(self.secure_mode, bool), "privacy.secure_mode",
+               f"got {self.secure_mode!r}; must be true or false")
         _in(self.clipping, CLIPPING_METHODS, "privacy.clipping")
         _range(self.clip_norm, "privacy.clip_norm", 0.0, None, lo_open=True)
         _range(self.noise_multiplier, "privacy.noise_multiplier", 0.0, None)
@@ -390,8 +400,9 @@ class AuditConfig:
 class RunConfig:
     """Bookkeeping: seed, output folder, checkpoints, threads."""
 
-    seed: int = 0
-    """Root seed: cohorts, client training and research-mode noise derive from it."""
+    seed: int | None = 0
+    """Root seed: cohorts, client training and research-mode noise derive from it. Null only in
+    ``privacy.secure_mode``, which refuses a seed (see :func:`build_config`)."""
     out: str = "results"
     """Results root; a run writes ``<out>/<experiment>/<run_id>/``."""
     experiment: str = "default"
@@ -412,7 +423,8 @@ class RunConfig:
     the sharded evaluation); a killed rank still fails them at once."""
 
     def __post_init__(self) -> None:
-        _range(self.seed, "run.seed", 0, 2**63 - 1, integer=True)
+        if self.seed is not None:
+            _range(self.seed, "run.seed", 0, 2**63 - 1, integer=True)
         _range(self.checkpoint_every, "run.checkpoint_every", 1, None, integer=True)
         _range(self.threads, "run.threads", 0, 1024, integer=True)
         _in(self.device, ("cpu", "cuda", "auto"), "run.device")
@@ -515,6 +527,22 @@ def _deep_update(base: dict, new: Mapping) -> dict:
     return base
 
 
+class _Loader(yaml.SafeLoader):
+    """YAML 1.1 as ``safe_load`` reads it, except that ``1e-3``, ``1e-5`` and ``5E-4`` are
+    floats (YAML 1.1 wants a dot in the mantissa and reads them as strings)."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"))
+
+
+def yaml_load(text: str) -> Any:
+    """Parse YAML text as configs are read: ``safe_load`` plus numbers written ``1e-3``."""
+    return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+
+
 def _load_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict:
     path = path.expanduser().resolve()
     if path in seen:
@@ -522,7 +550,7 @@ def _load_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict:
     if not path.is_file():
         raise ConfigError("base" if seen else "CONFIG", f"file not found: {path}")
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
+        raw = yaml_load(path.read_text()) or {}
     except yaml.YAMLError as exc:
         raise ConfigError("CONFIG", f"{path} is not valid YAML ({exc.__class__.__name__})") from None
     if not isinstance(raw, dict):
@@ -535,21 +563,42 @@ def _load_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict:
 
 
 def parse_override(text: str) -> tuple[str, Any]:
-    """Split ``section.key=value``; the value is parsed as YAML (``1e-3``, ``[en, de]``, ``null``)."""
+    """Split ``section.key=value``; the value is parsed as YAML (``1e-3``, ``[en, de]``, ``null``),
+    numbers as users write them (``1e-3`` and ``5E-4`` are floats)."""
     if "=" not in text:
         raise ConfigError(text, "overrides are written key=value, e.g. privacy.alpha=0.1")
     key, value = text.split("=", 1)
     try:
-        parsed = yaml.safe_load(value) if value != "" else ""
+        parsed = yaml_load(value) if value != "" else ""
     except yaml.YAMLError:
         parsed = value
     return key.strip(), parsed
 
 
+def _seed_rule(tree: Mapping[str, Any]) -> dict:
+    """Secure mode refuses a seed: ``run.seed`` given (preset, override, or a config it was
+    derived from) is an error, and it resolves to null. Research mode needs one."""
+    tree = dict(tree)
+    privacy, run = tree.get("privacy"), tree.get("run")
+    secure = isinstance(privacy, Mapping) and privacy.get("secure_mode") is True
+    if run is not None and not isinstance(run, Mapping):
+        return tree  # build_config names the malformed section
+    run = dict(run) if run is not None else None
+    if secure:
+        if run is not None and run.get("seed") is not None:
+            raise ConfigError("run.seed", f"got {run['seed']!r}; privacy.secure_mode draws its "
+                              "randomness from the OS and refuses a seed: remove run.seed "
+                              "(or set run.seed=null)")
+        tree["run"] = {**(run or {}), "seed": None}
+    elif run is not None and "seed" in run and run["seed"] is None:
+        raise ConfigError("run.seed", "got null; only privacy.secure_mode runs without a seed")
+    return tree
+
+
 def build_config(tree: Mapping[str, Any]) -> Config:
     """Validate a nested mapping ``{section: {field: value}}`` into a :class:`Config`."""
     sections = {}
-    for name, values in tree.items():
+    for name, values in _seed_rule(tree).items():
         if name not in SECTIONS:
             raise _unknown(str(name))
         if values is None:

@@ -36,7 +36,7 @@ CHANNELS: dict[str, tuple[str, str]] = {
     "release": ("anyone", "the noised mean update applied after every round"),
     "side_stats": ("the server / anyone reading the run record",
                    "per-client raw norms and sample counts; clip rates, adaptive thresholds, "
-                   "timing per round"),
+                   "timing per round, the exact empty-round flag"),
 }
 
 # (channel, attack, gated) in report order; gated cells share the Bonferroni family.

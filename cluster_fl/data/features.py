@@ -6,9 +6,15 @@ window, centred reflect-padded STFT without its last frame, power spectrum, Slan
 (no torchaudio) so it runs wherever the models do.
 
 Cache: ``<cache>/<params hash>/<lang>/<split>/<shard file stem>.pt`` holds the features (float16,
-half the disk and memory) of every decodable row of one shard, keyed by utterance id; the hash
-covers the feature parameters, so changing ``n_mels`` never reads stale files. Files are written
-atomically (tmp + rename). Rows whose audio cannot be decoded are reported once and skipped.
+half the disk and memory) of every decodable row of one shard, keyed by utterance id, and the rows
+that could not be used with their reasons. A cache file is used only for the same parameters (the
+folder's hash covers them, so changing ``n_mels`` never reads stale files) and the same audio: it
+records the shard file's SHA-256, and a shard whose size or modification time differ from the
+recorded ones is hashed again -- changed content means the features are computed anew.
+``FEATURE_VERSION`` 2 introduced the content key: caches of version 1 (keyed by path only) are
+no longer read and can be deleted. Files are written atomically (tmp + rename); a cache that cannot
+be written is a one-line error naming it. Rows whose audio cannot be decoded are reported (also
+when their shard's features come from the cache) and skipped.
 """
 
 from __future__ import annotations
@@ -27,9 +33,21 @@ import torch
 
 from cluster_fl.data.mls import (Client, Shard, Utterance, load_utterances, read_shard,
                                  report_problem)
+from cluster_fl.errors import UserError
+
+
+def file_sha256(path: str | Path) -> str:
+    """SHA-256 of a file's bytes (the content key of a shard's cached features)."""
+    with open(path, "rb") as fh:
+        return hashlib.file_digest(fh, "sha256").hexdigest()
+
+
+def _source(path: str | Path, sha256: str) -> dict[str, Any]:
+    st = os.stat(path)
+    return {"sha256": sha256, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
 
 N_FFT, HOP, SAMPLE_RATE = 400, 160, 16000
-FEATURE_VERSION = 1
+FEATURE_VERSION = 2  # 2: keyed by the shard's content hash; unusable rows kept with the features
 
 
 def mel_filters(n_mels: int = 80, n_fft: int = N_FFT, sr: int = SAMPLE_RATE) -> torch.Tensor:
@@ -98,7 +116,8 @@ class FeatureStore:
         base = Path(cache_dir).expanduser() if cache_dir else self.root / "features"
         self.cache_dir = base / self.params_hash
         self.computed_shards = 0  # shards whose features were computed (not read) here
-        self.errors: list[dict] = []
+        self.errors: list[dict] = []  # unusable rows, each once: {utterance_id, shard, reason}
+        self._reported: set[str] = set()
         self._memory: dict[str, dict[str, torch.Tensor]] = {}
         self.progress = progress
         self._last_report = time.monotonic()
@@ -117,23 +136,29 @@ class FeatureStore:
         if shard.path in self._memory:
             return self._memory[shard.path]
         path = self._cache_path(shard.path)
-        feats = None
+        feats, skipped = None, []
         if path.exists():
             try:
                 blob = torch.load(path, weights_only=True)
-                if blob.get("params_hash") == self.params_hash:
+                if blob.get("params_hash") == self.params_hash and self._same_audio(shard, blob,
+                                                                                    path):
                     feats = dict(zip(blob["utterance_ids"], blob["features"]))
+                    skipped = list(blob.get("skipped", []))
+                    for e in skipped:  # reported again: the run must know what it did not use
+                        self._report(e, warn=True)
             except Exception:  # a damaged cache file is recomputed, never trusted
                 feats = None
         if feats is None:
-            feats = {}
-            for utt in read_shard(shard, decode=True, errors=self.errors):
+            feats, skipped = {}, []
+            sha256 = file_sha256(shard.path)  # before reading: a later change re-keys it
+            for utt in read_shard(shard, decode=True, errors=skipped):
                 feats[utt.utterance_id] = log_mel(utt.audio, self.n_mels).to(torch.float16)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-            torch.save({"params_hash": self.params_hash, "utterance_ids": list(feats),
-                        "features": list(feats.values())}, tmp)
-            os.replace(tmp, path)
+            for e in skipped:
+                self._report(e, warn=False)  # read_shard has warned
+            self._save(path, {"params_hash": self.params_hash,
+                              "source": _source(shard.path, sha256),
+                              "utterance_ids": list(feats), "features": list(feats.values()),
+                              "skipped": skipped})
             self.computed_shards += 1
             if self.progress and time.monotonic() - self._last_report > 5:
                 print(f"features: {self.computed_shards} shard(s) computed, last {shard.path}",
@@ -142,6 +167,52 @@ class FeatureStore:
         self._memory[shard.path] = feats
         return feats
 
+    def _same_audio(self, shard: Shard, blob: dict, path: Path) -> bool:
+        """The cached features were computed from this shard's current bytes. Size and
+        modification time unchanged: the recorded hash stands; otherwise the file is hashed."""
+        source = blob.get("source") or {}
+        st = os.stat(shard.path)
+        if (source.get("size"), source.get("mtime_ns")) == (st.st_size, st.st_mtime_ns):
+            return bool(source.get("sha256"))
+        sha256 = file_sha256(shard.path)
+        if sha256 != source.get("sha256"):
+            return False
+        try:  # same bytes, touched: remember the new stat so the next read need not hash
+            self._save(path, {**blob, "source": _source(shard.path, sha256)})
+        except UserError:
+            pass
+        return True
+
+    def _save(self, path: Path, blob: dict) -> None:
+        """Atomic write of one cache file; a failure (full disk, read-only) names the file."""
+        import io
+
+        buf = io.BytesIO()
+        torch.save(blob, buf)
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(tmp, "wb") as fh:
+                fh.write(buf.getbuffer())
+            os.replace(tmp, path)
+        except OSError as exc:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise UserError(f"data.feature_cache: cannot write {path}: "
+                            f"{exc.strerror or exc}") from None
+
+    def _report(self, entry: dict, warn: bool) -> None:
+        uid = str(entry.get("utterance_id"))
+        if uid in self._reported:
+            return
+        self._reported.add(uid)
+        if warn:
+            report_problem(self.errors, uid, str(entry.get("shard")), str(entry.get("reason")))
+        else:
+            self.errors.append(dict(entry))
+
     def examples(self, utterances: Sequence[Utterance]) -> list[Example]:
         """Examples for ``utterances`` in their order; rows without features are skipped."""
         out = []
@@ -149,8 +220,8 @@ class FeatureStore:
             feats = self.shard_features(Shard(u.shard, u.language, u.split))
             f = feats.get(u.utterance_id)
             if f is None:
-                if not any(e["utterance_id"] == u.utterance_id for e in self.errors):
-                    report_problem(self.errors, u.utterance_id, u.shard, "no cached features")
+                self._report({"utterance_id": u.utterance_id, "shard": u.shard,
+                              "reason": "no cached features"}, warn=True)
                 continue
             out.append(Example(f, u.transcript, u.utterance_id, u.speaker, u.language))
         return out

@@ -10,7 +10,8 @@ Layouts understood, under a local root:
 Audio may be a struct with encoded file bytes (FLAC/WAV, decoded with soundfile), a float list,
 or raw int16 bytes with a ``sampling_rate`` column. A row whose audio does not decode is
 reported with its utterance id (a :class:`CorpusWarning` and the caller's ``errors`` list) and
-skipped -- never a traceback. Clients are speakers: one language per client, ids stable.
+skipped -- never a traceback; a shard that is not readable Parquet at all (truncated, not
+Parquet) is a one-line error naming it. Clients are speakers: one language per client, ids stable.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from cluster_fl.data.vocab import normalize_text
-from cluster_fl.errors import UserError
+from cluster_fl.errors import UserError, short_reason
 
 SAMPLE_RATE = 16000
 LANGUAGE_NAMES = {"english": "en", "german": "de", "dutch": "nl", "french": "fr",
@@ -141,12 +142,18 @@ def decode_audio(value: Any, rate: int | None) -> np.ndarray:
 def read_shard(shard: Shard, decode: bool = False, errors: list[dict] | None = None,
                rows: Iterable[int] | None = None) -> list[Utterance]:
     """Utterances of one shard (optionally only ``rows``); ``decode`` fills ``audio``."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    pf = pq.ParquetFile(shard.path)
-    names = set(pf.schema_arrow.names)
-    wanted = [n for n in names if n != "audio" or decode]
-    table = pf.read(columns=wanted)
+    try:
+        pf = pq.ParquetFile(shard.path)
+        names = set(pf.schema_arrow.names)
+        wanted = [n for n in names if n != "audio" or decode]
+        table = pf.read(columns=wanted)
+    except (pa.ArrowException, OSError) as exc:
+        reason = short_reason(exc)
+        raise UserError(f"{shard.path}: unreadable corpus shard ({reason}); re-download it or "
+                        "rebuild the corpus") from None
     ids = _column(table, "utterance_id")
     speakers, texts = _column(table, "speaker"), _column(table, "transcript")
     if ids is None or speakers is None or texts is None:

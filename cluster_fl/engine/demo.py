@@ -64,7 +64,7 @@ def _say(msg: str) -> None:
 def run(args: argparse.Namespace) -> int:
     from cluster_fl.data import make_corpus
     from cluster_fl.data.corpus import DEFAULT_FOLDER
-    from cluster_fl.engine.train import run_training
+    from cluster_fl.engine.train import PREEMPTED_EXIT, Preempted, run_training
     from cluster_fl.experiments.results import find_runs
     from cluster_fl.experiments.table import summarise, to_markdown
     from cluster_fl.training.pretrain import pretrain
@@ -125,7 +125,11 @@ def run(args: argparse.Namespace) -> int:
         from cluster_fl.engine.rundir import run_dir
         state = "cached" if is_done(run_dir(run_cfg)) else "running"
         _say(f"3/4 [{i}/{len(methods)}] {m}: {run_cfg.fl.rounds} rounds ({state})")
-        folders.append(run_training(run_cfg))
+        try:
+            folders.append(run_training(run_cfg))
+        except Preempted as exc:
+            _say(f"   stopped by signal ({exc.folder}); run the demo again to resume")
+            return PREEMPTED_EXIT
     _say("4/4 results")
     print(to_markdown(summarise(find_runs(folders))))
     _say(f"done in {time.perf_counter() - t0:.0f}s; run folders under {out / 'demo'}")

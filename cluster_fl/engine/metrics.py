@@ -1,20 +1,26 @@
-"""Per-round metric rows and the Parquet files of a run folder.
+"""Per-round metric rows, the Parquet files of a run folder, and the record of skipped rows.
 
 ``rounds.parquet`` is rewritten atomically after every round (it is small), so a crash never
 loses a finished round; on resume the rows after the checkpointed round are dropped.
+``skipped.json`` counts, per client (and for the evaluation set), the corpus rows that could not
+be used (undecodable audio, no features), with each row's id and reason; a resumed run merges
+into it by utterance id, so a row is counted once however often its shard is read.
 """
 
 from __future__ import annotations
 
 import io
+import json
 import math
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from cluster_fl.engine.rundir import atomic_write_bytes
+from cluster_fl.engine.rundir import atomic_write_bytes, write_json
+
+SKIPPED_NAME = "skipped.json"
 
 
 def write_rows(path: Path, rows: Iterable[Mapping[str, Any]]) -> None:
@@ -45,3 +51,58 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
     if not path.is_file():
         return []
     return pq.read_table(path).to_pylist()
+
+
+class SkippedRows:
+    """The run's unusable corpus rows, gathered from every rank, written by rank 0.
+
+    ``errors`` is the feature store's list of ``{utterance_id, shard, reason}`` (it grows while
+    clients train and the evaluation loads its shards); ``owner`` maps an utterance id to the
+    client id that holds it (evaluation rows count under ``"eval"``).
+    """
+
+    def __init__(self, folder: Path, errors: list[dict], owner: Mapping[str, str], main: bool,
+                 log: Callable[[str], None]):
+        self.path = Path(folder) / SKIPPED_NAME
+        self.errors, self.owner, self.main, self.log = errors, dict(owner), main, log
+        self.seen = 0  # entries of ``errors`` already handed on
+        self.rows: dict[str, dict] = {}
+        if main and self.path.is_file():
+            try:
+                self.rows = {r["utterance_id"]: r for r in json.loads(self.path.read_text())["rows"]}
+            except (ValueError, KeyError, TypeError):
+                self.rows = {}  # rebuilt from this attempt's reads
+
+    def collect(self, comm: Any) -> None:
+        """Collective: every rank hands over its new entries; rank 0 logs and writes them."""
+        new = [dict(e) for e in self.errors[self.seen:]]
+        self.seen = len(self.errors)
+        parts = comm.all_gather_object(new) if comm.world_size > 1 else [new]
+        if not self.main:
+            return
+        fresh = []
+        for e in (e for part in parts for e in part):
+            uid = str(e.get("utterance_id"))
+            if uid not in self.rows:
+                self.rows[uid] = {"utterance_id": uid, "client": self.owner.get(uid, "eval"),
+                                  "shard": e.get("shard"),
+                                  "reason": e.get("reason", e.get("error", "unreadable"))}
+                fresh.append(self.rows[uid])
+        for r in fresh[:20]:
+            self.log(f"skipped unusable corpus row {r['utterance_id']} (client {r['client']}, "
+                     f"{r['shard']}): {r['reason']}")
+        if len(fresh) > 20:
+            self.log(f"... and {len(fresh) - 20} more unusable rows (see {self.path.name})")
+        if fresh:
+            write_json(self.path, self.summary())
+
+    @property
+    def total(self) -> int:
+        return len(self.rows)
+
+    def summary(self) -> dict[str, Any]:
+        per_client: dict[str, int] = {}
+        for r in self.rows.values():
+            per_client[r["client"]] = per_client.get(r["client"], 0) + 1
+        return {"skipped": self.total, "per_client": dict(sorted(per_client.items())),
+                "rows": sorted(self.rows.values(), key=lambda r: r["utterance_id"])}

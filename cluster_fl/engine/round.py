@@ -158,6 +158,7 @@ class RoundEngine:
             release_memory()
         record = self.recorder is not None
         total = summer.reduce(self.comm, round_, record=record)
+        empty = self._empty(total["diag"])
         if record:
             self.recorder.partial(round_, self.comm.rank, summer)
 
@@ -174,9 +175,17 @@ class RoundEngine:
             std = self.cfg.privacy.noise_multiplier * self.cfg.privacy.clip_norm if self.private else 0.0
             self.recorder.release(round_, mean, denom, std)
         row = self.diag.row(noised["diag"], thresholds, len(members))
-        row.update(round=round_, n_cohort=len(members), denominator=denom,
+        row.update(round=round_, n_cohort=len(members), denominator=denom, empty=int(empty),
                    wall_s=time.perf_counter() - t0)
         return RoundOutput(state=new_state, row=row)
+
+    def _empty(self, diag: torch.Tensor) -> bool:
+        """True when no client's update entered the sum (none sampled, every one non-finite or
+        without usable audio). Read from the exact secure sum, before noise: a one-bit flag per
+        round, declared by the audit as a side statistic like the per-round wall time."""
+        names = self.diag.names
+        contributed = float(diag[names.index("trained")]) - float(diag[names.index("nonfinite")])
+        return contributed < 0.5
 
     def _noise_stds(self, total: Mapping[str, torch.Tensor]) -> dict[str, float]:
         """Std of the Gaussian noise each summed field gets (0 = released exactly)."""

@@ -1,28 +1,43 @@
-"""The run folder: where a run lives, how its files are written, and what state it is in.
+"""The run folder: where a run lives, who writes it, how its files are written, what state it is in.
 
 ``<run.out>/<run.experiment>/<run_id>/`` holds config.yaml, status.json, rounds.parquet,
-final.parquet, eval.parquet, privacy.json, groups.json, checkpoint/ and log.txt. Every file is
-written to a temporary name and renamed, so a crash never leaves a half-written file. A run whose
-status is ``done`` is never rewritten.
+final.parquet, eval.parquet, privacy.json, groups.json, skipped.json, checkpoint/, log.txt and
+run.lock. Every file is written to a temporary name and renamed, so a crash never leaves a
+half-written file; the temporary files a killed writer leaves are removed by the next writer
+(:func:`clean_temp_files`). A run whose status is ``done`` is never rewritten.
+
+One writer per folder: rank 0 holds an exclusive ``flock`` on ``run.lock`` for the run's life
+(:class:`RunLock`; the file names the holder's host and pid). The kernel drops the lock when the
+holder dies, so a killed run's lock is taken over by the next attempt, and a second ``train`` on a
+live run stops with one line naming the holder. A failed write (full disk, read-only, not a
+folder) is a :class:`WriteError` naming the file: one line and exit 2, never a traceback.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import errno
+import fcntl
 import hashlib
 import json
 import os
+import re
 import socket
 import subprocess
 from pathlib import Path
 from typing import Any
 
 from cluster_fl.config import Config, dump_config, to_dict
+from cluster_fl.errors import UserError
+
+LOCK_NAME = "run.lock"
+# temporary names of atomic_write_bytes (``.NAME.tmpPID``) and of older writers (``.tmp-PID``)
+_TEMP = re.compile(r"^\..+\.tmp-?\d+$")
 
 # Keys that do not change what a run computes, so they do not enter its id.
 _BOOKKEEPING = {("run", "out"), ("run", "experiment"), ("run", "run_id"), ("run", "threads"),
                 ("run", "checkpoint_every"), ("run", "timeout_s"), ("run", "wait_timeout_s"),
-                ("run", "device"),
+                ("run", "device"), ("data", "allow_missing_languages"),
                 # how a lane is laid out changes memory, not results (within float tolerance)
                 ("model", "activation_checkpointing"), ("model", "shard"),
                 ("model", "shard_group_size")}
@@ -43,7 +58,8 @@ def run_id(cfg: Config) -> str:
     digest = hashlib.sha1(json.dumps(tree, sort_keys=True).encode()).hexdigest()[:8]
     method = "fedavg" if cfg.privacy.mechanism == "none" else cfg.privacy.clipping
     frozen = "frozen" if cfg.model.freeze_encoder else "unfrozen"
-    return f"{cfg.model.arch}_{frozen}_{method}_s{cfg.run.seed}_{digest}"
+    seed = "secure" if cfg.run.seed is None else cfg.run.seed  # secure mode has no seed
+    return f"{cfg.model.arch}_{frozen}_{method}_s{seed}_{digest}"
 
 
 def run_dir(cfg: Config) -> Path:
@@ -51,15 +67,72 @@ def run_dir(cfg: Config) -> Path:
     return Path(cfg.run.out).expanduser() / cfg.run.experiment / run_id(cfg)
 
 
+class WriteError(UserError):
+    """A file could not be written (full disk, read-only, a file where a folder should be...)."""
+
+    def __init__(self, path: Path | str, exc: OSError):
+        self.path, self.errno = Path(path), exc.errno
+        reason = exc.strerror or str(exc)
+        super().__init__(f"cannot write {path}: {reason}" + (f" (errno {exc.errno})"
+                                                              if exc.errno else ""))
+
+
+def make_folder(folder: Path, key: str = "run.out") -> None:
+    """``mkdir -p`` that fails with one line naming the folder and the config key."""
+    try:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"{key}: cannot create folder {folder}: {exc.strerror or exc}") from None
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a temporary file + fsync + rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Write ``data`` to ``path`` via a temporary file + fsync + rename. On failure the
+    temporary file is removed and a :class:`WriteError` names ``path``."""
+    path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        _unlink(tmp)
+        raise WriteError(path, exc) from None
+    except BaseException:  # a signal raised mid-write: leave no temporary file behind
+        _unlink(tmp)
+        raise
+
+
+def append_text(path: Path, text: str) -> None:
+    """Append ``text`` to ``path`` (logs); a failure is a :class:`WriteError`."""
+    try:
+        with open(path, "a") as fh:
+            fh.write(text)
+    except OSError as exc:
+        raise WriteError(path, exc) from None
+
+
+def _unlink(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def clean_temp_files(folder: Path) -> list[Path]:
+    """Remove temporary files that killed writers left in the run folder (call holding the
+    lock: no other writer can be mid-write). Returns what was removed."""
+    removed = []
+    for sub in (Path(folder), Path(folder) / "checkpoint", Path(folder) / "channels"):
+        if not sub.is_dir():
+            continue
+        for p in sub.iterdir():
+            if _TEMP.match(p.name) and p.is_file():
+                _unlink(p)
+                removed.append(p)
+    return removed
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -93,15 +166,123 @@ def read_status(folder: Path) -> dict[str, Any] | None:
 
 def write_status(folder: Path, state: str, round_: int, rounds: int,
                  error: str | None = None, **extra: Any) -> None:
-    write_json(Path(folder) / "status.json", {
-        "state": state, "round": round_, "rounds": rounds,
-        "updated": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "host": socket.gethostname(), "pid": os.getpid(), "error": error, **extra})
+    """status.json, atomically; on a full disk, overwritten in place (its block is allocated
+    already), so a run that fails for lack of space can still say so."""
+    path = Path(folder) / "status.json"
+    payload = {"state": state, "round": round_, "rounds": rounds,
+               "updated": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+               "host": socket.gethostname(), "pid": os.getpid(), "error": error, **extra}
+    try:
+        write_json(path, payload)
+    except WriteError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) or not path.is_file():
+            raise
+        data = (json.dumps(payload, indent=2, default=_jsonable) + "\n").encode()
+        try:
+            with open(path, "r+b") as fh:
+                fh.write(data)
+                fh.truncate(len(data))
+                fh.flush()
+                os.fsync(fh.fileno())
+        except OSError:
+            raise exc from None
 
 
 def is_done(folder: Path) -> bool:
     status = read_status(folder)
     return bool(status and status.get("state") == "done")
+
+
+class RunLocked(UserError):
+    """Another live process writes this run folder."""
+
+    def __init__(self, folder: Path, holder: dict[str, Any]):
+        self.holder = holder
+        who = (f"{holder.get('host', '?')} pid {holder.get('pid', '?')}"
+               f" (since {holder.get('since', '?')})") if holder else "another process"
+        super().__init__(f"run folder {folder} is being written by {who}; one writer per run: "
+                         "wait for it to end or stop it (a killed writer's lock is taken over)")
+
+
+class RunLock:
+    """Exclusive ``flock`` on ``<folder>/run.lock``, held by rank 0 for the run's life.
+
+    The file keeps the holder's host, pid and start time. ``flock`` locks belong to the open
+    file and the kernel drops them when the process dies (on NFS, when the client's lease
+    ends), so a stale lock never blocks: the next attempt takes it over. On a file system
+    without locks (``enforced`` is False), a holder on this host is still detected by its pid.
+    """
+
+    def __init__(self, folder: Path):
+        self.folder = Path(folder)
+        self.path = self.folder / LOCK_NAME
+        self.fd: int | None = None
+        self.enforced = True
+
+    def acquire(self) -> "RunLock":
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise WriteError(self.path, exc) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_holder(fd)
+            os.close(fd)
+            raise RunLocked(self.folder, holder) from None
+        except OSError:  # ENOLCK / EOPNOTSUPP: the file system has no locks
+            holder = _read_holder(fd)
+            if _alive_here(holder):
+                os.close(fd)
+                raise RunLocked(self.folder, holder) from None
+            self.enforced = False
+        self.fd = fd
+        info = json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
+                           "since": _dt.datetime.now(_dt.timezone.utc).isoformat(
+                               timespec="seconds")}).encode()
+        try:  # overwrite in place: no new block needed, so a full disk does not stop us here
+            os.pwrite(fd, info, 0)
+            os.ftruncate(fd, len(info))
+        except OSError:
+            pass  # the lock holds without its label
+        return self
+
+    def release(self) -> None:
+        if self.fd is None:
+            return
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+        except OSError:
+            pass
+        os.close(self.fd)
+        self.fd = None
+
+    def __enter__(self) -> "RunLock":
+        return self.acquire()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+
+def _read_holder(fd: int) -> dict[str, Any]:
+    try:
+        return json.loads(os.pread(fd, 4096, 0).decode() or "{}")
+    except (OSError, ValueError):
+        return {}
+
+
+def _alive_here(holder: dict[str, Any]) -> bool:
+    """The holder runs on this host and its process exists (and it is not us)."""
+    pid = holder.get("pid")
+    if holder.get("host") != socket.gethostname() or not isinstance(pid, int) or pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def write_config(folder: Path, cfg: Config) -> None:

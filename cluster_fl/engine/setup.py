@@ -129,16 +129,28 @@ class World:
         return row
 
 
-def load_clients(cfg: Config) -> tuple[Any, list[ClientData], list]:
+def load_clients(cfg: Config, log: Callable[[str], None] | None = None
+                 ) -> tuple[Any, list[ClientData], list]:
     """Feature store, federated clients (lazy features) and the evaluation set's metadata
-    (features are loaded by the lane that decodes them)."""
-    from cluster_fl.data import FeatureStore, load_utterances, partition_clients
+    (features are loaded by the lane that decodes them). A requested language the corpus lacks
+    is an error, unless ``data.allow_missing_languages`` (then ``log`` says which)."""
+    from cluster_fl.data import FeatureStore, find_shards, load_utterances, partition_clients
 
     d = cfg.data
     root = os.path.expanduser(d.corpus)
     if not os.path.isdir(root):
         raise UserError(f"data.corpus: no corpus at {root} (build one with `cluster-fl "
                         "make-corpus DIR` or point data.corpus at an MLS folder)")
+    missing = {split: [lang for lang in d.languages if lang not in
+                       {s.language for s in find_shards(root, list(d.languages), [split])}]
+               for split in dict.fromkeys([d.client_split, d.eval_split])}
+    gaps = "; ".join(f"no {', '.join(langs)} in split {split!r}"
+                     for split, langs in missing.items() if langs)
+    if gaps and not d.allow_missing_languages:
+        raise UserError(f"data.languages: the corpus at {root} has {gaps}; remove them from "
+                        "data.languages or set data.allow_missing_languages=true")
+    if gaps and log is not None:
+        log(f"warning: data.languages: {gaps} (data.allow_missing_languages=true)")
     store = FeatureStore.from_config(d)
     utts = load_utterances(root, languages=list(d.languages), splits=[d.client_split])
     clients = partition_clients(utts, max_clients=d.max_clients,
@@ -158,13 +170,9 @@ def build_world(cfg: Config, comm: Any, log: Callable[[str], None]) -> World:
                                    trainable_parameters)
     from cluster_fl.privacy import ledger_for, make_policy, noise_for
 
-    store, clients, eval_utts = load_clients(cfg)
-    if comm.rank == 0:
-        for err in store.errors[:20]:  # corrupt rows are reported by id, never a traceback
-            log(f"skipped unusable audio row {err.get('utterance_id')} ({err.get('shard')}): "
-                f"{err.get('reason', err.get('error', 'unreadable'))}")
-        if len(store.errors) > 20:
-            log(f"... and {len(store.errors) - 20} more unusable rows")
+    store, clients, eval_utts = load_clients(cfg, log if comm.rank == 0 else None)
+    # unusable corpus rows are found while features load (a client's turn, the evaluation);
+    # train.py logs them by id and counts them per client in the run folder (skipped.json)
     # Random init (LoRA A, and everything when no checkpoint) from (seed, "init") on every rank,
     # so all ranks -- and a 1-rank run -- start from the same global state.
     torch.manual_seed(derive_seed(cfg.run.seed, "init"))

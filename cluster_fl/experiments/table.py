@@ -9,7 +9,10 @@ cell's mean, so the CI is the uncertainty of that mean given the test speakers. 
 ε, δ and the per-pool effective noise multipliers σ_k = σ/√α_k.
 
 Formats: ``md`` (both tables), ``latex`` (both, booktabs), ``csv`` (tidy: one row per cell with
-every statistic as its own column, for further analysis).
+every statistic as its own column, for further analysis). A run in secure mode has no seed: it
+counts as one replicate and is listed as ``secure``. A damaged results file (a truncated
+final.parquet or eval.parquet) is a one-line error naming it, never a traceback, and never a table
+that silently leaves the run out.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from typing import Sequence
 
 import numpy as np
 
-from cluster_fl.errors import UserError
+from cluster_fl.errors import UserError, short_reason
 from cluster_fl.experiments.results import Run, find_runs, fmt, method_key
 
 BOOTSTRAP = 2000
@@ -87,6 +90,17 @@ def clustered_bootstrap_ci(per_run_rows: Sequence[Sequence[dict]], resamples: in
     return float(low), float(high)
 
 
+def _seed(run: Run) -> int | None:
+    """The run's seed, or None for a secure-mode run (which refuses one)."""
+    seed = run.final.get("seed")
+    return None if seed is None else int(seed)
+
+
+def _seed_label(run: Run) -> str:
+    seed = _seed(run)
+    return "secure" if seed is None else str(seed)
+
+
 def summarise(runs: Sequence[Run], resamples: int = BOOTSTRAP) -> list[Cell]:
     """One :class:`Cell` per (arch, condition, method), sorted in the paper's order."""
     groups: dict[tuple[str, str, str], list[Run]] = defaultdict(list)
@@ -94,7 +108,7 @@ def summarise(runs: Sequence[Run], resamples: int = BOOTSTRAP) -> list[Cell]:
         groups[(r.arch, r.condition, r.method)].append(r)
     cells = []
     for (arch, condition, method), rs in groups.items():
-        rs.sort(key=lambda r: r.seed)
+        rs.sort(key=lambda r: (_seed(r) is None, _seed(r) or 0, str(r.folder)))
         wers = np.array([r.wer for r in rs], dtype=float)
         evals = [r.eval_rows for r in rs if r.eval_rows]
         low, high = clustered_bootstrap_ci(evals, resamples) if evals else (math.nan, math.nan)
@@ -183,7 +197,7 @@ def to_csv(cells: Sequence[Cell]) -> str:
     w.writerow(["arch", "condition", "method", "n_seeds", "seeds", "wer_mean", "wer_std",
                 "wer_ci_low", "wer_ci_high", "epsilon", "delta"] + [f"sigma/{p}" for p in pools])
     for c in cells:
-        w.writerow([c.arch, c.condition, c.method, c.n, " ".join(str(r.seed) for r in c.runs),
+        w.writerow([c.arch, c.condition, c.method, c.n, " ".join(_seed_label(r) for r in c.runs),
                     c.mean, c.std, c.ci_low, c.ci_high, c.epsilon, c.delta]
                    + [c.sigmas.get(p, math.nan) for p in pools])
     return buf.getvalue()
@@ -199,13 +213,40 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bootstrap", type=int, default=BOOTSTRAP, help="bootstrap resamples")
 
 
+def _damaged(paths: Sequence[str], exc: Exception) -> UserError:
+    """The error for a results file that does not read: name the first damaged file found."""
+    import pyarrow.parquet as pq
+
+    for p in paths:
+        root = Path(p).expanduser()
+        files = [root] if root.is_file() else sorted(
+            f for name in ("final.parquet", "eval.parquet") for f in root.rglob(name))
+        for f in files:
+            try:
+                pq.read_metadata(f)
+            except Exception as bad:  # noqa: BLE001 - any reason makes the file unusable
+                reason = short_reason(bad)
+                return UserError(f"{f}: unreadable results file ({reason}); restore it, or "
+                                 "delete the run folder and run it again")
+    reason = short_reason(exc)
+    return UserError(f"unreadable results under {' '.join(paths)} ({reason})")
+
+
 def run(args: argparse.Namespace) -> int:
-    runs = find_runs(args.results)
-    if not runs:
-        raise UserError(f"no run folders (final.parquet) under {' '.join(args.results)}")
-    text = FORMATS[args.format](summarise(runs, args.bootstrap))
+    import pyarrow as pa
+
+    try:
+        runs = find_runs(args.results)
+        if not runs:
+            raise UserError(f"no run folders (final.parquet) under {' '.join(args.results)}")
+        text = FORMATS[args.format](summarise(runs, args.bootstrap))
+    except (pa.ArrowException, OSError) as exc:
+        raise _damaged(args.results, exc) from None
     if args.out:
-        Path(args.out).write_text(text)
+        try:
+            Path(args.out).write_text(text)
+        except OSError as exc:
+            raise UserError(f"--out: cannot write {args.out}: {exc.strerror or exc}") from None
         print(f"wrote {args.out} ({len(runs)} runs)")
     else:
         print(text, end="")

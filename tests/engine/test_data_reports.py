@@ -1,0 +1,71 @@
+"""What the data could not give is said, not swallowed.
+
+- a requested language that the corpus lacks is a one-line error naming it and the opt-out key;
+  with ``data.allow_missing_languages=true`` the run uses the languages present and logs the rest;
+- a corpus row whose audio does not decode is logged and counted per client in the run folder
+  (skipped.json, and ``skipped_utterances`` in final.parquet), also when a later run reads the
+  shard's features from the cache.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from engine_helpers import tiny_config
+
+from cluster_fl.config import load_config
+from cluster_fl.engine.setup import load_clients
+from cluster_fl.errors import UserError
+
+
+def test_a_language_the_corpus_lacks_is_an_error_unless_the_user_opts_out(tiny_corpus):
+    cfg = load_config(None, [f"data.corpus={tiny_corpus}", "data.languages=[en,sv]"])
+    with pytest.raises(UserError) as exc:
+        load_clients(cfg)
+    msg = str(exc.value)
+    assert "data.languages" in msg and "sv" in msg and "data.allow_missing_languages" in msg
+    logged: list[str] = []
+    cfg = load_config(None, [f"data.corpus={tiny_corpus}", "data.languages=[en,sv]",
+                             "data.allow_missing_languages=true"])
+    _, clients, eval_utts = load_clients(cfg, logged.append)
+    assert clients and {c.language for c in clients} == {"en"}
+    assert {u.language for u in eval_utts} == {"en"}
+    assert len(logged) == 1 and "sv" in logged[0]
+
+
+def _corrupt_row(shard, row):
+    table = pq.read_table(shard)
+    audio = table.column("audio").to_pylist()
+    audio[row] = {"bytes": b"not audio", "path": "bad.flac"}
+    table = table.set_column(table.schema.get_field_index("audio"), "audio",
+                             pa.array(audio, type=table.schema.field("audio").type))
+    pq.write_table(table, shard)
+    return table.column("utterance_id")[row].as_py(), table.column("speaker")[row].as_py()
+
+
+def test_an_undecodable_row_is_counted_per_client_in_the_run_folder(tiny_corpus, tmp_path):
+    from cluster_fl.engine.train import run_training
+
+    corpus = tmp_path / "corpus"
+    shutil.copytree(tiny_corpus, corpus, ignore=shutil.ignore_patterns("features"))
+    bad, speaker = _corrupt_row(corpus / "de" / "private" / "part-00000.parquet", 1)
+    torch.set_num_threads(1)
+    # every client trains once, so the damaged shard is read
+    extra = ["fl.rounds=1", "fl.sampling=fixed", "fl.clients_per_round=9", "eval.max_utterances=2"]
+    for attempt in ("computed", "cached"):  # the second run reads the features from the cache
+        cfg = tiny_config(corpus, tmp_path / attempt, *extra)
+        with pytest.warns(Warning, match=bad):
+            folder = run_training(cfg)
+        skipped = json.loads((folder / "skipped.json").read_text())
+        assert skipped["skipped"] == 1
+        assert skipped["per_client"] == {f"de/{speaker}": 1}
+        assert skipped["rows"][0]["utterance_id"] == bad and skipped["rows"][0]["reason"]
+        final = pq.read_table(folder / "final.parquet").to_pylist()[0]
+        assert final["skipped_utterances"] == 1 and final["empty_rounds"] == 0
+        assert f"skipped unusable corpus row {bad}" in (folder / "log.txt").read_text()

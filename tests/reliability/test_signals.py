@@ -1,0 +1,85 @@
+"""SIGTERM at any point -- setup, a round, the final evaluation -- ends with exit 75 (``Preempted``),
+status ``preempted`` at the last checkpoint, no temporary file, and a rerun identical to the
+uninterrupted run.
+
+The default suite sends a real SIGTERM to this very process during setup and during the final
+evaluation (the two places that used to die with -15); ``-m slow`` signals the CLI through the
+driver at setup, after round 1, during the evaluation and right after a checkpoint rename.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from reliability_helpers import (ROUNDS, Driven, assert_identical, cli, config_file, folder_of,
+                                 status, temp_files, train_in_process)
+
+from cluster_fl.engine import evaluation, setup
+from cluster_fl.engine.train import PREEMPTED_EXIT, Preempted
+
+
+def _term_self() -> None:
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_sigterm_during_setup_and_during_the_final_evaluation_stop_cleanly(
+        tiny_corpus, tmp_path, reference, monkeypatch):
+    folder = folder_of(tiny_corpus, tmp_path)
+    build = setup.build_world
+
+    def build_then_term(*args, **kwargs):
+        world = build(*args, **kwargs)
+        _term_self()  # the handler raises here: nothing is lost, nothing to save
+        return world
+
+    monkeypatch.setattr(setup, "build_world", build_then_term)
+    with pytest.raises(Preempted):
+        train_in_process(tiny_corpus, tmp_path)
+    monkeypatch.setattr(setup, "build_world", build)
+    st = status(folder)
+    assert (st["state"], st["round"]) == ("preempted", 0)
+    assert signal.getsignal(signal.SIGTERM) is not None  # the handler was put back
+
+    decode = evaluation.ShardedEvaluation.decode
+
+    def term_then_decode(self, *args, **kwargs):
+        _term_self()
+        return decode(self, *args, **kwargs)
+
+    monkeypatch.setattr(evaluation.ShardedEvaluation, "decode", term_then_decode)
+    with pytest.raises(Preempted):
+        train_in_process(tiny_corpus, tmp_path)
+    monkeypatch.setattr(evaluation.ShardedEvaluation, "decode", decode)
+    st = status(folder)
+    assert (st["state"], st["round"]) == ("preempted", ROUNDS)  # every round checkpointed
+    assert not (folder / "final.parquet").exists() and temp_files(folder) == []
+
+    train_in_process(tiny_corpus, tmp_path)  # only the evaluation is left to do
+    assert f"resumed from round {ROUNDS}" in (folder / "log.txt").read_text()
+    assert_identical(folder, reference)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point,round_", [("setup", 0), ("round:1", 1), ("eval", ROUNDS),
+                                          # a signal after round 1 was agreed on stops at the
+                                          # next round boundary
+                                          ("renamed:1", 2)])
+def test_sigterm_through_the_cli_exits_75_and_the_rerun_is_identical(point, round_, tiny_corpus,
+                                                                     tmp_path, reference):
+    config = config_file(tiny_corpus, tmp_path)
+    folder = folder_of(tiny_corpus, tmp_path)
+    run = Driven(point, config)
+    run.wait_paused()
+    run.kill(signal.SIGTERM)
+    rc, err = run.finish()
+    assert rc == PREEMPTED_EXIT, err[-3000:]
+    assert "Traceback" not in err
+    st = status(folder)
+    assert (st["state"], st["round"]) == ("preempted", round_)
+    assert temp_files(folder) == []
+    proc = cli("train", str(config))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert_identical(folder, reference)
