@@ -139,6 +139,8 @@ def _record_failure(cfg: Config, exc: Exception) -> None:
     from cluster_fl.dist.launch import launch_rank
 
     folder = run_folder(cfg)
+    if type(exc).__name__ == "RunLocked":  # a second writer was refused: the live run is fine
+        return
     if launch_rank() != 0 or not folder.is_dir():
         return
     from cluster_fl.engine.rundir import write_status

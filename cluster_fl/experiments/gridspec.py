@@ -17,7 +17,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from cluster_fl.config import SECTIONS, Config, ConfigError, load_config, replace
+from cluster_fl.config import SECTIONS, Config, ConfigError, load_config, replace, yaml_load
 
 GRID_KEYS = {"experiment", "out", "base", "set", "axes", "exclude", "seeds", "resources"}
 RESOURCE_KEYS = {
@@ -108,13 +108,22 @@ def flatten(tree: Mapping[str, Any], where: str) -> dict[str, Any]:
     return flat
 
 
+def _yaml_file(path: Path, key: str) -> Any:
+    """A grid or preset file's YAML as configs read it (``1e-5`` is a number); a syntax error is
+    one line naming the file."""
+    try:
+        return yaml_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(key, f"{path} is not valid YAML ({exc.__class__.__name__})") from None
+
+
 def _read_preset(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     path = path.expanduser().resolve()
     if path in seen:
         raise ConfigError("preset", f"circular inheritance through {path}")
     if not path.is_file():
         raise ConfigError("preset", f"file not found: {path}")
-    raw = yaml.safe_load(path.read_text()) or {}
+    raw = _yaml_file(path, "preset")
     bases = raw.pop("base", None)
     merged: dict[str, Any] = {}
     for b in [bases] if isinstance(bases, str) else (bases or []):
@@ -128,7 +137,7 @@ def load_grid(path: str | Path, out: str | None = None) -> Grid:
     path = Path(path).expanduser().resolve()
     if not path.is_file():
         raise ConfigError("GRID", f"file not found: {path}")
-    raw = yaml.safe_load(path.read_text()) or {}
+    raw = _yaml_file(path, "GRID")
     if not isinstance(raw, dict):
         raise ConfigError("GRID", f"{path} must hold a mapping")
     unknown = set(raw) - GRID_KEYS
@@ -199,7 +208,10 @@ def expand(grid: Grid, extra: Mapping[str, Any] | None = None) -> list[RunSpec]:
             for entry in combo:
                 changes.update(entry["changes"])
             changes.update(extra or {})
-            changes.update({"run.seed": seed, "run.experiment": grid.experiment,
+            # secure mode refuses a seed: grid seeds are then replicate labels (run folders
+            # <cell>__s<k>), each run drawing its randomness from the OS
+            secure = changes.get("privacy.secure_mode", base.privacy.secure_mode) is True
+            changes.update({"run.seed": None if secure else seed, "run.experiment": grid.experiment,
                             "run.out": grid.out, "run.run_id": f"{cell}__s{seed}"})
             try:
                 cfg = replace(base, changes)

@@ -14,9 +14,10 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Iterable
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
-from cluster_fl.errors import UserError
+from cluster_fl.errors import UserError, short_reason
 
 # Column order of the paper's tables: the non-private ceiling, flat, the six single-pool methods,
 # then the component-aware ones.
@@ -52,7 +53,9 @@ class Run:
 
     @property
     def seed(self) -> int:
-        return int(self.final.get("seed", 0))
+        """The run's seed; -1 for a secure-mode run (no seed: drawn from the OS, never kept)."""
+        seed = self.final.get("seed", 0)
+        return -1 if seed is None else int(seed)
 
     @property
     def wer(self) -> float:
@@ -115,7 +118,11 @@ def find_runs(paths: Iterable[str | Path]) -> list[Run]:
             if folder in seen:
                 continue
             seen.add(folder)
-            rows = pq.read_table(f).to_pylist()
+            try:
+                rows = pq.read_table(f).to_pylist()
+            except (pa.ArrowException, OSError) as exc:  # truncated or unreadable: name it
+                raise UserError(f"{f}: unreadable results file ({short_reason(exc)}); restore "
+                                "it, or delete the run folder to run it again") from None
             if rows:
                 runs.append(Run(folder=folder, final=rows[0]))
     return runs
