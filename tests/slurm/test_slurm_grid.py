@@ -30,6 +30,13 @@ def failures(text: str) -> list[str]:
     return re.findall(r"^run \S+ failed: .*$", text, re.M)
 
 
+def start_waiting_grid(out, log, corpus, rounds: int):
+    """``grid --wait`` on the slurm-ci grid in the background (its output goes to ``log``)."""
+    return cli_background("grid", GRID, "--cluster", "slurm", "--wait", "--out", out,
+                          "--set", f"data.corpus={corpus}", "--set", f"fl.rounds={rounds}",
+                          log=log)
+
+
 def rounds_of(folder) -> list[int]:
     return [int(r) for r in pq.read_table(folder / "rounds.parquet").column("round").to_pylist()]
 
@@ -60,11 +67,8 @@ def test_grid_is_one_array_job_that_finishes_and_resubmission_submits_nothing(tm
 def test_runs_preempted_by_scontrol_requeue_and_by_usr2_resume_and_the_grid_reports_success(
         tmp_path, tiny_corpus):
     out, rounds = tmp_path / "results", 8
-    root = out / "slurm-ci"
-    log = tmp_path / "grid.log"
-    grid = cli_background("grid", GRID, "--cluster", "slurm", "--wait", "--out", out,
-                          "--set", f"data.corpus={tiny_corpus}", "--set", f"fl.rounds={rounds}",
-                          log=log)
+    root, log = out / "slurm-ci", tmp_path / "grid.log"
+    grid = start_waiting_grid(out, log, tiny_corpus, rounds)
     try:
         jobs = wait_until(lambda: registry(root) if len(registry(root)) == 2 else None, 60,
                           "the job registry")
@@ -103,11 +107,8 @@ def test_runs_preempted_by_scontrol_requeue_and_by_usr2_resume_and_the_grid_repo
 
 def test_a_cancelled_task_is_reported_failed_with_the_reason_from_its_log(tmp_path, tiny_corpus):
     out, rounds = tmp_path / "results", 8
-    root = out / "slurm-ci"
-    log = tmp_path / "grid.log"
-    grid = cli_background("grid", GRID, "--cluster", "slurm", "--wait", "--out", out,
-                          "--set", f"data.corpus={tiny_corpus}", "--set", f"fl.rounds={rounds}",
-                          log=log)
+    root, log = out / "slurm-ci", tmp_path / "grid.log"
+    grid = start_waiting_grid(out, log, tiny_corpus, rounds)
     try:
         jobs = wait_until(lambda: registry(root) if len(registry(root)) == 2 else None, 60,
                           "the job registry")
