@@ -6,20 +6,15 @@ allowed values, and an unknown key names the nearest valid keys. The CLI turns a
 into one line on stderr and exit code 2.
 
 Presets may inherit: a top-level ``base: other.yaml`` (path relative to the preset, or a list of
-them) is loaded first and the preset's own keys override it.
+them) is loaded first and the preset's own keys override it. This file is the schema; reading
+presets and overrides lives in :mod:`cluster_fl.config_load` (re-exported at the bottom).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
 import math
-import re
-from dataclasses import dataclass, field, fields
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
-
-import yaml
 
 from cluster_fl.errors import UserError
 
@@ -504,158 +499,15 @@ SECTIONS: dict[str, type] = {
 }
 
 
-def valid_keys() -> list[str]:
-    """Every ``section.field`` key a config accepts."""
-    return [f"{s}.{f.name}" for s, cls in SECTIONS.items() for f in fields(cls)]
+# Reading, overriding and writing configs live beside the schema (cluster_fl/config_load.py); they
+# are re-exported here so that ``from cluster_fl.config import load_config`` stays the API. The
+# import comes last: config_load needs the schema above.
+from cluster_fl.config_load import (build_config, dump_config, load_config,  # noqa: E402
+                                    parse_override, replace, to_dict, valid_keys, yaml_load)
 
-
-def _unknown(key: str) -> ConfigError:
-    near = difflib.get_close_matches(key, valid_keys(), n=3, cutoff=0.5)
-    if not near:  # fall back to matching the field name alone
-        tail = key.rsplit(".", 1)[-1]
-        near = [k for k in valid_keys() if difflib.SequenceMatcher(None, tail, k.rsplit(".", 1)[-1]).ratio() > 0.7][:3]
-    hint = f"; did you mean {', '.join(near)}?" if near else ""
-    return ConfigError(key, f"unknown key{hint}")
-
-
-def _deep_update(base: dict, new: Mapping) -> dict:
-    for k, v in new.items():
-        if isinstance(v, Mapping) and isinstance(base.get(k), dict) and k in SECTIONS:
-            base[k] = _deep_update(dict(base[k]), v)
-        else:
-            base[k] = v
-    return base
-
-
-class _Loader(yaml.SafeLoader):
-    """YAML 1.1 as ``safe_load`` reads it, except that ``1e-3``, ``1e-5`` and ``5E-4`` are
-    floats (YAML 1.1 wants a dot in the mantissa and reads them as strings)."""
-
-
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
-    list("-+0123456789"))
-
-
-def yaml_load(text: str) -> Any:
-    """Parse YAML text as configs are read: ``safe_load`` plus numbers written ``1e-3``."""
-    return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
-
-
-def _load_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict:
-    path = path.expanduser().resolve()
-    if path in seen:
-        raise ConfigError("base", f"circular inheritance through {path}")
-    if not path.is_file():
-        raise ConfigError("base" if seen else "CONFIG", f"file not found: {path}")
-    try:
-        raw = yaml_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError("CONFIG", f"{path} is not valid YAML ({exc.__class__.__name__})") from None
-    if not isinstance(raw, dict):
-        raise ConfigError("CONFIG", f"{path} must hold a mapping of sections")
-    bases = raw.pop("base", None)
-    merged: dict = {}
-    for b in [bases] if isinstance(bases, str) else (bases or []):
-        merged = _deep_update(merged, _load_yaml(path.parent / b, seen + (path,)))
-    return _deep_update(merged, raw)
-
-
-def parse_override(text: str) -> tuple[str, Any]:
-    """Split ``section.key=value``; the value is parsed as YAML (``1e-3``, ``[en, de]``, ``null``),
-    numbers as users write them (``1e-3`` and ``5E-4`` are floats)."""
-    if "=" not in text:
-        raise ConfigError(text, "overrides are written key=value, e.g. privacy.alpha=0.1")
-    key, value = text.split("=", 1)
-    try:
-        parsed = yaml_load(value) if value != "" else ""
-    except yaml.YAMLError:
-        parsed = value
-    return key.strip(), parsed
-
-
-def _seed_rule(tree: Mapping[str, Any]) -> dict:
-    """Secure mode refuses a seed: ``run.seed`` given (preset, override, or a config it was
-    derived from) is an error, and it resolves to null. Research mode needs one."""
-    tree = dict(tree)
-    privacy, run = tree.get("privacy"), tree.get("run")
-    secure = isinstance(privacy, Mapping) and privacy.get("secure_mode") is True
-    if run is not None and not isinstance(run, Mapping):
-        return tree  # build_config names the malformed section
-    run = dict(run) if run is not None else None
-    if secure:
-        if run is not None and run.get("seed") is not None:
-            raise ConfigError("run.seed", f"got {run['seed']!r}; privacy.secure_mode draws its "
-                              "randomness from the OS and refuses a seed: remove run.seed "
-                              "(or set run.seed=null)")
-        tree["run"] = {**(run or {}), "seed": None}
-    elif run is not None and "seed" in run and run["seed"] is None:
-        raise ConfigError("run.seed", "got null; only privacy.secure_mode runs without a seed")
-    return tree
-
-
-def build_config(tree: Mapping[str, Any]) -> Config:
-    """Validate a nested mapping ``{section: {field: value}}`` into a :class:`Config`."""
-    sections = {}
-    for name, values in _seed_rule(tree).items():
-        if name not in SECTIONS:
-            raise _unknown(str(name))
-        if values is None:
-            values = {}
-        if not isinstance(values, Mapping):
-            raise ConfigError(name, "must be a mapping of keys")
-        cls = SECTIONS[name]
-        allowed = {f.name for f in fields(cls)}
-        for k in values:
-            if k not in allowed:
-                raise _unknown(f"{name}.{k}")
-        kwargs = {k: (tuple(v) if isinstance(v, list) else v) for k, v in values.items()}
-        try:
-            sections[name] = cls(**kwargs)
-        except TypeError as exc:  # should not happen after the key check; keep it readable
-            raise ConfigError(name, str(exc)) from None
-    return Config(**sections)
-
-
-def load_config(path: str | Path | None, overrides: Iterable[str] = ()) -> Config:
-    """Load a YAML preset (or the defaults when ``path`` is None) and apply ``key=value`` overrides."""
-    tree = _load_yaml(Path(path)) if path is not None else {}
-    for text in overrides:
-        key, value = parse_override(text)
-        parts = key.split(".")
-        if len(parts) != 2 or parts[0] not in SECTIONS:
-            raise _unknown(key)
-        tree.setdefault(parts[0], {})
-        if tree[parts[0]] is None:
-            tree[parts[0]] = {}
-        tree[parts[0]] = dict(tree[parts[0]])
-        tree[parts[0]][parts[1]] = value
-    return build_config(tree)
-
-
-def to_dict(cfg: Config) -> dict:
-    """Plain nested dict of a config (tuples as lists), suitable for YAML/JSON."""
-    def plain(x: Any) -> Any:
-        if isinstance(x, (tuple, list)):
-            return [plain(v) for v in x]
-        if isinstance(x, Mapping):
-            return {k: plain(v) for k, v in x.items()}
-        return x
-    return {name: plain(dataclasses.asdict(getattr(cfg, name))) for name in SECTIONS}
-
-
-def dump_config(cfg: Config) -> str:
-    """The resolved config as YAML (what ``dump-config`` prints and every run stores)."""
-    return yaml.safe_dump(to_dict(cfg), sort_keys=False, allow_unicode=True)
-
-
-def replace(cfg: Config, changes: Mapping[str, Any]) -> Config:
-    """Copy of ``cfg`` with dotted-key changes, e.g. ``replace(cfg, {"fl.rounds": 2})``."""
-    tree = to_dict(cfg)
-    for key, value in changes.items():
-        parts = key.split(".")
-        if len(parts) != 2 or parts[0] not in SECTIONS:
-            raise _unknown(key)
-        tree[parts[0]][parts[1]] = value
-    return build_config(tree)
+__all__ = [
+    "CLIPPING_METHODS", "COMPONENTS", "INSIDE_POOL_RULES", "SECTIONS", "AggregationConfig",
+    "AuditConfig", "ClientConfig", "Config", "ConfigError", "DataConfig", "EvalConfig", "FLConfig",
+    "ModelConfig", "PretrainConfig", "PrivacyConfig", "RunConfig", "build_config", "dump_config",
+    "load_config", "parse_override", "replace", "to_dict", "valid_keys", "yaml_load",
+]
