@@ -100,9 +100,8 @@ class Placement:
     """
 
     def __init__(self, device: torch.device, dtype: torch.dtype, layout: LaneLayout,
-                 lane_group: Any = None, shard: str = "none"):
-        self.device, self.dtype, self.layout = device, dtype, layout
-        self.lane_group, self.shard = lane_group, shard
+                 lane_group: Any = None):
+        self.device, self.dtype, self.layout, self.lane_group = device, dtype, layout, lane_group
 
     @property
     def sharded(self) -> bool:
@@ -272,5 +271,5 @@ def parallelize(model: nn.Module, model_cfg: Any, device: torch.device,
 
         group = lane_mesh(layout, device).get_group()
         model._zero3_hooks = apply_zero3(model, group, device)  # lives as long as the model
-    return Placement(device, dtype, layout, group, shard)
+    return Placement(device, dtype, layout, group)
 

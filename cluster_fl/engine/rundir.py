@@ -35,12 +35,16 @@ LOCK_NAME = "run.lock"
 _TEMP = re.compile(r"^\..+\.tmp-?\d+$")
 
 # Keys that do not change what a run computes, so they do not enter its id.
-_BOOKKEEPING = {("run", "out"), ("run", "experiment"), ("run", "run_id"), ("run", "threads"),
-                ("run", "checkpoint_every"), ("run", "timeout_s"), ("run", "wait_timeout_s"),
-                ("run", "device"), ("data", "allow_missing_languages"),
-                # how a lane is laid out changes memory, not results (within float tolerance)
-                ("model", "activation_checkpointing"), ("model", "shard"),
-                ("model", "shard_group_size")}
+# keys that may differ between the submissions of one run (a resume on other hardware)
+RESUME_TOLERATED = {("run", "out"), ("run", "threads"), ("run", "timeout_s"),
+                    ("run", "wait_timeout_s"), ("run", "device"),
+                    ("data", "allow_missing_languages"),
+                    # how a lane is laid out changes memory, not results (within float tolerance)
+                    ("model", "activation_checkpointing"), ("model", "shard"),
+                    ("model", "shard_group_size")}
+# keys that do not enter the run id
+_BOOKKEEPING = RESUME_TOLERATED | {("run", "experiment"), ("run", "run_id"),
+                                   ("run", "checkpoint_every")}
 # keys added after runs existed: left out of the id at their default, so old ids stay valid
 _NEW_AT_DEFAULT = {("model", "dtype"): "float32"}
 

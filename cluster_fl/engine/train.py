@@ -30,9 +30,9 @@ from typing import Any
 from cluster_fl.cli import add_config_arguments
 from cluster_fl.config import Config, build_config, load_config, to_dict, yaml_load
 from cluster_fl.engine.checkpoint import StopFlag, Stopped, load_checkpoint, save_checkpoint
-from cluster_fl.engine.rundir import (RunLock, append_text, clean_temp_files, git_commit,
-                                      is_done, make_folder, read_status, run_dir, write_config,
-                                      write_json, write_status)
+from cluster_fl.engine.rundir import (RESUME_TOLERATED, RunLock, append_text, clean_temp_files,
+                                      git_commit, is_done, make_folder, read_status, run_dir,
+                                      write_config, write_json, write_status)
 from cluster_fl.errors import UserError
 
 PREEMPTED_EXIT = 75  # EX_TEMPFAIL: checkpointed on a signal, resubmit to continue
@@ -69,11 +69,8 @@ def _check_existing(folder: Path, cfg: Config) -> None:
                         f"{folder} to start the run again") from None
     new = to_dict(cfg)
     for d in (old, new):  # bookkeeping keys may differ between submissions
-        for k in ("threads", "timeout_s", "wait_timeout_s", "device", "out"):
-            d.get("run", {}).pop(k, None)
-        for k in ("activation_checkpointing", "shard", "shard_group_size"):
-            d.get("model", {}).pop(k, None)
-        d.get("data", {}).pop("allow_missing_languages", None)
+        for section, key in RESUME_TOLERATED:
+            d.get(section, {}).pop(key, None)
     if old != new:
         keys = [f"{sec}.{k}" for sec in new for k in new[sec]
                 if old.get(sec, {}).get(k) != new[sec][k]]
