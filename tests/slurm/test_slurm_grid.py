@@ -5,6 +5,7 @@ on the session's tiny corpus (configs/grids/slurm-ci.yaml)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 
@@ -30,11 +31,21 @@ def failures(text: str) -> list[str]:
     return re.findall(r"^run \S+ failed: .*$", text, re.M)
 
 
-def start_waiting_grid(out, log, corpus, rounds: int):
-    """``grid --wait`` on the slurm-ci grid in the background (its output goes to ``log``)."""
-    return cli_background("grid", GRID, "--cluster", "slurm", "--wait", "--out", out,
+@contextlib.contextmanager
+def waiting_grid(out, log, corpus, rounds: int):
+    """``grid --wait`` on the slurm-ci grid in the background (output to ``log``), once both
+    runs are in the job registry: yields (the process, the registry); killed on leaving."""
+    grid = cli_background("grid", GRID, "--cluster", "slurm", "--wait", "--out", out,
                           "--set", f"data.corpus={corpus}", "--set", f"fl.rounds={rounds}",
                           log=log)
+    root = out / "slurm-ci"
+    try:
+        yield grid, wait_until(lambda: registry(root) if len(registry(root)) == 2 else None, 60,
+                               "the job registry")
+    finally:
+        if grid.poll() is None:
+            grid.kill()
+            grid.wait()
 
 
 def rounds_of(folder) -> list[int]:
@@ -68,10 +79,7 @@ def test_runs_preempted_by_scontrol_requeue_and_by_usr2_resume_and_the_grid_repo
         tmp_path, tiny_corpus):
     out, rounds = tmp_path / "results", 8
     root, log = out / "slurm-ci", tmp_path / "grid.log"
-    grid = start_waiting_grid(out, log, tiny_corpus, rounds)
-    try:
-        jobs = wait_until(lambda: registry(root) if len(registry(root)) == 2 else None, 60,
-                          "the job registry")
+    with waiting_grid(out, log, tiny_corpus, rounds) as (grid, jobs):
         job = {run: record["job_id"] for run, record in jobs.items()}
         # mid-run: after the first round, before the last
         wait_until(lambda: status(root / FLAT).get("round", 0) >= 1, 240, f"round 1 of {FLAT}")
@@ -84,10 +92,6 @@ def test_runs_preempted_by_scontrol_requeue_and_by_usr2_resume_and_the_grid_repo
                for line in cli("status", GRID, "--out", out, "--json").stdout.splitlines()}
         assert now[FLAT] in ("pending", "running", "done"), now
         rc = grid.wait(timeout=400)
-    finally:
-        if grid.poll() is None:
-            grid.kill()
-            grid.wait()
     text = log.read_text()
     assert rc == 0, text
     assert not failures(text), text
@@ -108,18 +112,11 @@ def test_runs_preempted_by_scontrol_requeue_and_by_usr2_resume_and_the_grid_repo
 def test_a_cancelled_task_is_reported_failed_with_the_reason_from_its_log(tmp_path, tiny_corpus):
     out, rounds = tmp_path / "results", 8
     root, log = out / "slurm-ci", tmp_path / "grid.log"
-    grid = start_waiting_grid(out, log, tiny_corpus, rounds)
-    try:
-        jobs = wait_until(lambda: registry(root) if len(registry(root)) == 2 else None, 60,
-                          "the job registry")
+    with waiting_grid(out, log, tiny_corpus, rounds) as (grid, jobs):
         cancelled = jobs[SPLIT]["job_id"]
         wait_until(lambda: status(root / SPLIT).get("round", 0) >= 1, 240, f"round 1 of {SPLIT}")
         slurm("scancel", cancelled)
         rc = grid.wait(timeout=400)
-    finally:
-        if grid.poll() is None:
-            grid.kill()
-            grid.wait()
     text = log.read_text()
     assert rc == 1, text
     line = next(line for line in text.splitlines() if line.startswith(f"run {SPLIT} failed: "))
