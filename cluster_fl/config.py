@@ -182,6 +182,9 @@ class FLConfig:
     """Peak local learning rate (AdamW, cosine decay)."""
     max_local_steps: int = 0
     """Cap on local optimiser steps per round (0 = no cap)."""
+    clients_per_step: int = 1
+    """Clients of a rank's shard trained together in one batched forward/backward (shared frozen
+    base, per-client LoRA + connector stacked on a client axis); 1 = one client at a time."""
 
     def __post_init__(self) -> None:
         _range(self.rounds, "fl.rounds", 1, None, integer=True)
@@ -191,6 +194,7 @@ class FLConfig:
         _range(self.batch_size, "fl.batch_size", 1, None, integer=True)
         _range(self.lr, "fl.lr", 0.0, 10.0, lo_open=True)
         _range(self.max_local_steps, "fl.max_local_steps", 0, None, integer=True)
+        _range(self.clients_per_step, "fl.clients_per_step", 1, None, integer=True)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -41,7 +41,9 @@ RESUME_TOLERATED = {("run", "out"), ("run", "threads"), ("run", "timeout_s"),
                     ("data", "allow_missing_languages"),
                     # how a lane is laid out changes memory, not results (within float tolerance)
                     ("model", "activation_checkpointing"), ("model", "shard"),
-                    ("model", "shard_group_size")}
+                    ("model", "shard_group_size"),
+                    # clients per batched step: speed, not results (within float tolerance)
+                    ("fl", "clients_per_step")}
 # keys that do not enter the run id
 _BOOKKEEPING = RESUME_TOLERATED | {("run", "experiment"), ("run", "run_id"),
                                    ("run", "checkpoint_every")}
