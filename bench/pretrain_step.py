@@ -36,7 +36,7 @@ def main() -> int:
 
     from cluster_fl.config import load_config
     from cluster_fl.data import make_corpus
-    from cluster_fl.engine.demo import default_corpus
+    from cluster_fl.data.corpus import default_corpus
     from cluster_fl.models.build import build_base
     from cluster_fl.models.speech_llm import collate
     from cluster_fl.training.pretrain import _load_public, batch_order

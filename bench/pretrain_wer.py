@@ -59,7 +59,7 @@ def main() -> int:
 
     from cluster_fl.config import load_config
     from cluster_fl.data import FeatureStore, make_corpus
-    from cluster_fl.engine.demo import default_corpus
+    from cluster_fl.data.corpus import default_corpus
     from cluster_fl.training.pretrain import pretrain
 
     corpus = Path(args.corpus).expanduser() if args.corpus else default_corpus()

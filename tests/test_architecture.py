@@ -6,6 +6,11 @@
   ask :mod:`cluster_fl.dist.launch`.
 * Model code (``cluster_fl/models/``) and privacy code (``cluster_fl/privacy/``) never mention
   devices of other ranks: they import nothing from ``cluster_fl.dist``.
+* The command layer (``cluster_fl/commands/``, ``cluster_fl/cli.py``, ``cluster_fl/__main__.py``)
+  is the top: no module below it imports ``cluster_fl.commands`` or ``cluster_fl.cli``.
+
+Imports are read from the syntax tree, wherever they stand (a lazy import inside a function
+counts), so a rule cannot be dodged by moving an import into a function.
 """
 
 from __future__ import annotations
@@ -39,6 +44,21 @@ def _outside(path: str, folder: str) -> bool:
     return not path.startswith(f"cluster_fl/{folder}/")
 
 
+COMMAND_LAYER = ("cluster_fl/commands/", "cluster_fl/cli.py", "cluster_fl/__main__.py")
+
+
+def _imports_command_layer(tree: ast.Module) -> list[str]:
+    return [m for m in _imports(tree)
+            if m in ("cluster_fl.cli", "cluster_fl.commands")
+            or m.startswith(("cluster_fl.cli.", "cluster_fl.commands."))]
+
+
+def _relative_imports(tree: ast.Module) -> list[str]:
+    """``from . import x`` style imports: the rules above read absolute names only."""
+    return [f"line {n.lineno}" for n in ast.walk(tree)
+            if isinstance(n, ast.ImportFrom) and n.level > 0]
+
+
 def test_only_the_process_boundary_imports_torch_distributed():
     offenders = [path for path, tree in _modules() if _outside(path, "dist")
                  and any(m == "torch.distributed" or m.startswith("torch.distributed.")
@@ -65,9 +85,35 @@ def test_model_and_privacy_code_know_nothing_of_ranks():
     assert offenders == []
 
 
+def test_no_module_below_the_command_layer_imports_it():
+    offenders = [f"{path}: {', '.join(_imports_command_layer(tree))}"
+                 for path, tree in _modules()
+                 if not path.startswith(COMMAND_LAYER) and _imports_command_layer(tree)]
+    assert offenders == []
+
+
+def test_every_command_of_the_cli_is_a_module_of_the_command_layer():
+    from cluster_fl.cli import COMMANDS, command_module
+
+    for command in COMMANDS:
+        path = PACKAGE.parent / (command_module(command).replace(".", "/") + ".py")
+        assert path.is_file(), (command, path)
+
+
+def test_the_package_uses_absolute_imports_only():
+    offenders = [f"{path} {where}" for path, tree in _modules() for where in _relative_imports(tree)]
+    assert offenders == []
+
+
 def test_the_rules_see_a_planted_violation(tmp_path):
     # the scanners must find what they look for, or the tests above prove nothing
     tree = ast.parse("import torch.distributed as d\nx = os.environ['SLURM_PROCID']\n")
     assert "torch.distributed" in _imports(tree)
     assert any(isinstance(n, ast.Constant) and LAUNCH_VARS.match(str(n.value))
                for n in ast.walk(tree))
+    lazy = ast.parse("def f():\n    from cluster_fl.cli import main\n    import cluster_fl.commands.train\n"
+                     "from torch.distributed import all_reduce\nfrom cluster_fl import commands\n")
+    assert set(_imports_command_layer(lazy)) == {"cluster_fl.cli", "cluster_fl.cli.main",
+                                                 "cluster_fl.commands.train", "cluster_fl.commands"}
+    assert "torch.distributed" in _imports(lazy)
+    assert _relative_imports(ast.parse("from . import x\n")) == ["line 1"]

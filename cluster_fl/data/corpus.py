@@ -1,6 +1,6 @@
 """The synthetic multilingual corpus: speakers, rendering with eSpeak NG, MLS-layout Parquet.
 
-``cluster-fl make-corpus OUT`` (and :func:`make_corpus`) writes::
+:func:`make_corpus` (the command ``cluster-fl make-corpus OUT``) writes::
 
     OUT/corpus.json                       the parameters (a re-run with other ones is refused)
     OUT/speakers.json                     every speaker: language, split, voice
@@ -21,7 +21,6 @@ finished shards, so a crash loses at most the shards in flight.
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 import multiprocessing as mp
@@ -49,6 +48,17 @@ DEFAULT_SPEAKERS = {"public": 80, "private": 30, "test": 4}
 # The default corpus's cache folder, versioned: a folder made with older defaults is refused by
 # make_corpus (other parameters), so changing DEFAULT_SPEAKERS moves the default folder too.
 DEFAULT_FOLDER = "corpus-v2"
+
+
+def default_cache() -> Path:
+    """Where ``cluster-fl demo`` caches corpus, checkpoints and results: ``$CLUSTER_FL_CACHE``,
+    else ``~/.cache/cluster_fl``."""
+    return Path(os.environ.get("CLUSTER_FL_CACHE", "~/.cache/cluster_fl")).expanduser()
+
+
+def default_corpus() -> Path:
+    """The folder the demo renders the default corpus into (and benchmarks read)."""
+    return default_cache() / DEFAULT_FOLDER
 
 
 @dataclass(frozen=True)
@@ -336,46 +346,6 @@ def _render_all(out: Path, todo: list[dict[str, Any]], total: int, workers: int 
         for p in pending:
             p.get()  # re-raise a worker's error here
     report(counter.value, final=True)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Arguments of ``cluster-fl make-corpus``."""
-    parser.add_argument("out", help="output folder (MLS Parquet layout)")
-    parser.add_argument("--languages", default=",".join(LANGUAGES),
-                        help="comma-separated language codes (default: all 8)")
-    parser.add_argument("--speakers-per-language", type=int, default=None,
-                        help="total speakers per language, spread 80:30:4 over "
-                             "public/private/test")
-    parser.add_argument("--utterances-per-speaker", type=int, default=None,
-                        help="utterances of every speaker (overrides the per-split sizes)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--public-speakers", type=int, default=None,
-                        help=f"per language (default {DEFAULT_SPEAKERS['public']})")
-    parser.add_argument("--private-speakers", type=int, default=None)
-    parser.add_argument("--test-speakers", type=int, default=None)
-    parser.add_argument("--public-utterances", type=int, default=50)
-    parser.add_argument("--private-utterances", default="20-60", help="LO-HI per speaker")
-    parser.add_argument("--test-utterances", type=int, default=25)
-    parser.add_argument("--workers", type=int, default=None, help="processes (default: cores)")
-    parser.add_argument("--quiet", action="store_true", help="no progress lines")
-
-
-def run(args: argparse.Namespace) -> int:
-    """``cluster-fl make-corpus``: render, then print the per-language/split summary."""
-    try:
-        lo, _, hi = args.private_utterances.partition("-")
-        private = (int(lo), int(hi or lo))
-    except ValueError:
-        raise UserError(f"--private-utterances: expected LO-HI, got {args.private_utterances!r}")
-    manifest = make_corpus(
-        args.out, [s.strip() for s in args.languages.split(",") if s.strip()],
-        args.speakers_per_language, args.utterances_per_speaker, args.seed,
-        public_speakers=args.public_speakers, private_speakers=args.private_speakers,
-        test_speakers=args.test_speakers, public_utterances=args.public_utterances,
-        private_utterances=private, test_utterances=args.test_utterances,
-        workers=args.workers, progress=not args.quiet)
-    print(format_manifest(manifest))
-    return 0
 
 
 def format_manifest(manifest: dict[str, Any]) -> str:

@@ -1,4 +1,4 @@
-"""``cluster-fl train``: one experiment, from config to a finished run folder.
+"""One experiment, from config to a finished run folder (``cluster-fl train`` runs it).
 
 Runs in one process or under ``torchrun`` / ``srun`` (one rank per process). Rank 0 owns the run
 folder: it holds the folder's lock for the run's life (one writer per run; a second ``train`` on
@@ -15,7 +15,6 @@ ever contributing) is one line naming the file or key, status ``failed`` with th
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import errno
 import json
@@ -27,8 +26,7 @@ from typing import Any
 
 # Light imports only: torch, models and data are imported inside the functions, after the stop
 # handlers are installed, so that a SIGTERM during start-up is a clean stop too (exit 75).
-from cluster_fl.cli import add_config_arguments
-from cluster_fl.config import Config, build_config, load_config, to_dict, yaml_load
+from cluster_fl.config import Config, build_config, to_dict, yaml_load
 from cluster_fl.engine.checkpoint import StopFlag, Stopped, load_checkpoint, save_checkpoint
 from cluster_fl.engine.rundir import (RESUME_TOLERATED, RunLock, append_text, clean_temp_files,
                                       git_commit, is_done, make_folder, read_status, run_dir,
@@ -341,20 +339,3 @@ class Preempted(Exception):
         super().__init__(str(folder))
         self.folder = folder
 
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_config_arguments(parser)
-
-
-def run(args: argparse.Namespace) -> int:
-    try:
-        with StopFlag(immediate=True):  # a signal while reading the config: nothing to save
-            cfg = load_config(args.config, args.overrides)
-            folder = run_training(cfg)  # records failures in status.json itself
-    except (Preempted, Stopped):
-        return PREEMPTED_EXIT
-    from cluster_fl.dist.launch import launch_rank
-
-    if launch_rank() == 0:
-        print(folder)
-    return 0

@@ -24,7 +24,6 @@ local processes (submitit ``LocalExecutor``), at most ``array_parallelism`` at a
 
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import socket
@@ -37,12 +36,12 @@ from typing import Any, Callable, Sequence
 import submitit
 from submitit.helpers import Checkpointable, DelayedSubmission
 
-from cluster_fl.config import Config, build_config, parse_override, to_dict
+from cluster_fl.config import Config, build_config, to_dict
 from cluster_fl.dist.launch import submitit_torch_env, torch_env_set
 from cluster_fl.errors import UserError
-from cluster_fl.experiments.gridspec import Grid, Resources, RunSpec, expand, load_grid, run_folder
+from cluster_fl.experiments.gridspec import Grid, Resources, RunSpec, expand, run_folder
 from cluster_fl.experiments import status as status_mod
-from cluster_fl.experiments.status import RESUBMIT, format_states, grid_states, write_registry
+from cluster_fl.experiments.status import RESUBMIT, grid_states, write_registry
 
 TrainFn = Callable[[Config], Any]
 CLUSTERS = ("local", "slurm", "debug")
@@ -279,38 +278,3 @@ def wait_for_runs(grid: Grid, specs: Sequence[RunSpec], jobs: Sequence[Any], clu
             failed[spec.run_id] = status_mod.failure_reason(grid, spec, registry.get(spec.run_id))
             print(f"run {spec.run_id} failed: {failed[spec.run_id]}", flush=True)
     return failed
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("grid", help="grid YAML (configs/grids/*.yaml)")
-    parser.add_argument("--cluster", choices=CLUSTERS, default="local",
-                        help="slurm: one array job; local: local processes; debug: in this process")
-    parser.add_argument("--dry-run", action="store_true", help="print what would run, submit nothing")
-    parser.add_argument("--wait", action="store_true", help="block until the submitted runs end")
-    parser.add_argument("--out", default=None, help="results root (default: the grid's 'out')")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="key=value",
-                        help="override for every run (repeatable), e.g. --set fl.rounds=2")
-
-
-def run(args: argparse.Namespace, train_fn: TrainFn | None = None) -> int:
-    grid = load_grid(args.grid, out=args.out)
-    extra = dict(parse_override(o) for o in args.overrides)
-    todo, states = plan(grid, extra)
-    print(f"grid {grid.experiment}: {len(states)} runs under {grid.root}")
-    print(format_states(states))
-    if args.dry_run:
-        if args.cluster == "slurm" and todo:
-            check_resources(grid)
-        for spec in todo:
-            axes = " ".join(f"{k}={v}" for k, v in spec.axes.items())
-            print(f"would submit {spec.run_id}  ({axes} seed={spec.seed}) -> {run_folder(spec.config)}")
-        print(f"dry run: {len(todo)} of {len(states)} runs would be submitted to {args.cluster}")
-        return 0
-    jobs, failed = submit(grid, todo, args.cluster, train_fn=train_fn, wait=args.wait)
-    ids = sorted({str(j.job_id).split("_")[0] for j in jobs})
-    print(f"submitted {len(jobs)} runs to {args.cluster}" + (f" (job {', '.join(ids)})" if ids else ""))
-    if failed:
-        print(f"{len(failed)} of {len(jobs)} runs failed (`cluster-fl status {args.grid}`; "
-              "submitting the grid again resubmits them)")
-        return 1
-    return 0

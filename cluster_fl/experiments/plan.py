@@ -82,14 +82,12 @@ short-lived clipping copies and float64 server step after local training (no act
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from cluster_fl.config import Config, load_config
+from cluster_fl.config import Config
 from cluster_fl.errors import UserError
 from cluster_fl.experiments.activations import (FRAMES_PER_SECOND, MODES, ModelShape, Workload,
                                                 measure_activations, model_shape, width_divisor)
@@ -250,32 +248,6 @@ def _verdict(r: dict[str, Any]) -> str:
     hint.append("or lower fl.batch_size / add GPUs")
     return (f"nothing fits: even the best lane needs {least:.1f} GiB per GPU > {cap:g} GiB; "
             + "; ".join(hint))
-
-
-# ---- the command ---------------------------------------------------------------------------------
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """``CONFIG [key=value ...] --gpus N --gpu-memory GiB [--seconds S] [--text-tokens T]``."""
-    from cluster_fl.cli import add_config_arguments
-
-    add_config_arguments(parser)
-    parser.add_argument("--gpus", type=int, required=True, help="GPUs of the job (N)")
-    parser.add_argument("--gpu-memory", type=float, required=True, metavar="GiB",
-                        help="memory of one GPU in GiB (e.g. 40, 80, 141)")
-    parser.add_argument("--seconds", type=float, default=15.0,
-                        help="audio per utterance (default 15: a typical MLS utterance)")
-    parser.add_argument("--text-tokens", type=int, default=64,
-                        help="transcript tokens per utterance (default 64)")
-    parser.add_argument("--device", default="cuda", choices=sorted(PROFILES),
-                        help="overhead profile (default cuda)")
-    parser.add_argument("--json", action="store_true", help="print the JSON contract")
-
-
-def run(args: argparse.Namespace) -> int:
-    """Print the plan; exit 0 whether or not something fits (the message says which)."""
-    cfg = load_config(args.config, args.overrides)
-    result = plan(cfg, args.gpus, args.gpu_memory, args.seconds, args.text_tokens, args.device)
-    print(json.dumps(result, indent=1) if args.json else format_plan(result))
-    return 0
 
 
 def _count(n: int) -> str:

@@ -19,7 +19,6 @@
 
 from __future__ import annotations
 
-import argparse
 import math
 import re
 from collections import defaultdict
@@ -28,8 +27,7 @@ from typing import Sequence
 
 import numpy as np
 
-from cluster_fl.errors import UserError
-from cluster_fl.experiments.results import Run, find_runs
+from cluster_fl.experiments.results import Run
 
 COLOURS = {"encoder": "#1f77b4", "connector": "#ff7f0e", "decoder": "#2ca02c"}
 
@@ -255,17 +253,3 @@ def make_figures(runs: Sequence[Run], out: Path) -> list[Path]:
     keep(plot_sigma_vs_alpha(runs, out / "sigma_vs_alpha.png"), out / "sigma_vs_alpha.png")
     keep(plot_wer_vs_alpha(runs, out / "wer_vs_alpha.png"), out / "wer_vs_alpha.png")
     return written
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("results", nargs="+", help="results folders (searched for final.parquet)")
-    parser.add_argument("--out", required=True, help="folder for the PNG files")
-
-
-def run(args: argparse.Namespace) -> int:
-    runs = find_runs(args.results)
-    if not runs:
-        raise UserError(f"no run folders (final.parquet) under {' '.join(args.results)}")
-    for path in make_figures(runs, Path(args.out)):
-        print(path)
-    return 0

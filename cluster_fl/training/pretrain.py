@@ -13,7 +13,6 @@ resumed (weights, optimiser state and step count).
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import time
@@ -23,7 +22,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from cluster_fl.config import Config, load_config
+from cluster_fl.config import Config
 from cluster_fl.errors import UserError
 from cluster_fl.eval.evaluate import evaluate
 from cluster_fl.models.build import build_base
@@ -247,21 +246,3 @@ def pretrain(cfg: Config, examples: Sequence[Any] | None = None, force: bool = F
     wer = checkpoint(result["step"], result["elapsed_s"], True, joint)
     return {"out": str(out), "step": result["step"], "elapsed_s": result["elapsed_s"],
             "wer": wer, "history": history, "cached": False}
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """``CONFIG [key=value ...] [--force]``."""
-    from cluster_fl.cli import add_config_arguments
-
-    add_config_arguments(parser)
-    parser.add_argument("--force", action="store_true",
-                        help="retrain even if a finished checkpoint exists")
-
-
-def run(args: argparse.Namespace) -> int:
-    """Entry point of ``cluster-fl pretrain``."""
-    cfg = load_config(args.config, args.overrides)
-    torch.set_num_threads(cfg.run.threads or (os.cpu_count() or 1))
-    result = pretrain(cfg, force=args.force)
-    print(f"checkpoint: {result['out']}  (step {result['step']}, held-out WER {result['wer']:.3f})")
-    return 0

@@ -127,7 +127,7 @@ def test_every_default_corpus_path_names_the_versioned_folder():
 
     from cluster_fl.config import DataConfig
     from cluster_fl.data.corpus import DEFAULT_FOLDER
-    from cluster_fl.engine.demo import default_corpus
+    from cluster_fl.data.corpus import default_corpus
 
     repo = Path(__file__).resolve().parents[2]
     grid = yaml.safe_load((repo / "configs/grids/tiny.yaml").read_text())["set"]

@@ -8,9 +8,9 @@ import pytest
 
 from cluster_fl.cli import main
 from cluster_fl.config import load_config
+from cluster_fl.commands import grid as grid_cmd
 from cluster_fl.experiments import grid as grid_mod
 from cluster_fl.experiments.gridspec import expand, load_grid
-from cluster_fl.experiments.status import grid_states
 from cluster_fl.experiments import status
 from fakes import fake_train, fake_wer, write_status
 
@@ -77,9 +77,9 @@ def test_a_bad_override_names_the_cell(tmp_path):
 
 def test_resubmitting_a_finished_grid_submits_nothing_and_a_deleted_run_is_resubmitted(tmp_path, capsys):
     path = tiny_grid(tmp_path)
-    assert grid_mod.run(grid_args(path), train_fn=fake_train) == 0
+    assert grid_cmd.run(grid_args(path), train_fn=fake_train) == 0
     assert "submitted 4 runs" in capsys.readouterr().out
-    assert grid_mod.run(grid_args(path), train_fn=fake_train) == 0
+    assert grid_cmd.run(grid_args(path), train_fn=fake_train) == 0
     assert capsys.readouterr().out.splitlines()[-1] == "submitted 0 runs to debug"
     grid = load_grid(path)
     todo, _ = grid_mod.plan(grid)
@@ -110,7 +110,7 @@ def test_failed_runs_are_resubmitted_and_running_ones_with_a_live_job_are_not(tm
 
 def test_tiny_grid_of_2_cells_x_2_seeds_runs_end_to_end_on_local_cluster_and_table_prints_all(tmp_path, capsys):
     path = tiny_grid(tmp_path)
-    assert grid_mod.run(grid_args(path, cluster="local"), train_fn=fake_train) == 0
+    assert grid_cmd.run(grid_args(path, cluster="local"), train_fn=fake_train) == 0
     capsys.readouterr()
     assert main(["status", str(path)]) == 0
     assert "4        0        0        0        0  (4 runs)" in capsys.readouterr().out
@@ -127,7 +127,7 @@ def test_tiny_grid_of_2_cells_x_2_seeds_runs_end_to_end_on_local_cluster_and_tab
 def test_a_run_preempted_on_the_local_cluster_is_requeued_and_resumes_from_its_folder(tmp_path, monkeypatch):
     monkeypatch.setenv("CFL_FAKE_PREEMPT_AT", "1")  # the run sends itself USR2 after round 1
     path = tiny_grid(tmp_path, methods=("flat",), seeds=(0,))
-    assert grid_mod.run(grid_args(path, cluster="local"), train_fn=fake_train) == 0
+    assert grid_cmd.run(grid_args(path, cluster="local"), train_fn=fake_train) == 0
     folder = load_grid(path).root / "flat__s0"
     assert (folder / "attempts.txt").read_text().split() == ["start", "0", "start", "1"]
     assert status.read_status(folder)["state"] == "done"
@@ -141,7 +141,7 @@ def broken_train(cfg):
 
 def test_a_failed_run_is_reported_with_its_error_and_grid_wait_exits_1(tmp_path, capsys):
     path = tiny_grid(tmp_path, methods=("flat",), seeds=(0,))
-    assert grid_mod.run(grid_args(path), train_fn=broken_train) == 1
+    assert grid_cmd.run(grid_args(path), train_fn=broken_train) == 1
     out = capsys.readouterr().out
     assert "run flat__s0 failed: ValueError: no private split in data.corpus" in out
     recorded = status.read_status(load_grid(path).root / "flat__s0")
@@ -153,10 +153,10 @@ def test_a_failed_run_is_reported_with_its_error_and_grid_wait_exits_1(tmp_path,
 def test_a_preempted_run_that_nobody_requeues_is_failed_with_the_round_it_stopped_at(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("CFL_FAKE_PREEMPT_AT", "1")  # debug jobs run in this process: no requeue
     path = tiny_grid(tmp_path, methods=("flat",), seeds=(0,))
-    assert grid_mod.run(grid_args(path), train_fn=fake_train) == 1
+    assert grid_cmd.run(grid_args(path), train_fn=fake_train) == 1
     assert "run flat__s0 failed: stopped after round 1 of 2" in capsys.readouterr().out
     todo, _ = grid_mod.plan(load_grid(path))
     assert [s.run_id for s in todo] == ["flat__s0"]
-    assert grid_mod.run(grid_args(path), train_fn=fake_train) == 0  # resubmitted: resumes, finishes
+    assert grid_cmd.run(grid_args(path), train_fn=fake_train) == 0  # resubmitted: resumes, finishes
     assert (load_grid(path).root / "flat__s0" / "attempts.txt").read_text().split() == [
         "start", "0", "start", "1"]

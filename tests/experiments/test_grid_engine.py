@@ -7,7 +7,7 @@ import pytest
 
 from cluster_fl.cli import main
 from cluster_fl.config import load_config
-from cluster_fl.experiments import grid as grid_mod
+from cluster_fl.commands import grid as grid_cmd
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -25,7 +25,7 @@ def test_tiny_grid_2_cells_x_2_seeds_with_the_engine_and_table_prints_all_4_runs
                     .replace("    - {name: size,", "    # - {name: size,"))
     args = argparse.Namespace(grid=str(path), cluster="local", dry_run=False, wait=True,
                               out=str(tmp_path / "results"), overrides=["fl.rounds=1"])
-    assert grid_mod.run(args) == 0
+    assert grid_cmd.run(args) == 0
     capsys.readouterr()
     assert main(["table", str(tmp_path / "results"), "--format", "csv"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()

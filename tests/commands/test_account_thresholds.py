@@ -1,5 +1,6 @@
-"""``cluster-fl account`` and ``cluster-fl thresholds``: the JSON contracts of DESIGN §10 on the
-example layout preset (tests/privacy/data/layout.yaml), text output, and user errors (exit 2)."""
+"""``cluster-fl account`` and ``cluster-fl thresholds`` (cluster_fl/commands/): the JSON contracts of
+DESIGN §10 on the example layout preset (tests/privacy/data/layout.yaml), the corpus and model
+fallbacks, text output, and user errors (exit 2)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 from cluster_fl import cli
 from cluster_fl.privacy import compute_epsilon, noise_multiplier_for_epsilon
 
-LAYOUT = str(Path(__file__).parent / "data" / "layout.yaml")
+LAYOUT = str(Path(__file__).resolve().parents[1] / "privacy" / "data" / "layout.yaml")
 
 
 def run_json(capsys, *argv):
@@ -104,25 +105,29 @@ def test_account_without_population_or_corpus_is_a_user_error(capsys, tmp_path):
     assert len(err.strip().splitlines()) == 1 and "privacy.population" in err
 
 
-def test_account_counts_clients_of_a_corpus(capsys, request):
-    import cluster_fl.data as data
-    if not hasattr(data, "count_clients"):
-        pytest.skip("cluster_fl.data.count_clients not written yet")
-    corpus = request.getfixturevalue("tiny_corpus")
+def test_account_counts_clients_of_a_corpus(capsys, tiny_corpus):
     from cluster_fl.config import load_config
-    n = data.count_clients(load_config(LAYOUT, [f"data.corpus={corpus}"]).data)
-    r = run_json(capsys, "account", LAYOUT, "privacy.population=0", f"data.corpus={corpus}",
-                 f"fl.clients_per_round={min(2, n)}")
-    assert r["population"] == n and r["sampling_rate"] == min(2, n) / n
+    from cluster_fl.data import count_clients
+
+    n = count_clients(load_config(LAYOUT, [f"data.corpus={tiny_corpus}"]).data)
+    assert n > 2
+    r = run_json(capsys, "account", LAYOUT, "privacy.population=0", f"data.corpus={tiny_corpus}",
+                 "fl.clients_per_round=2")
+    assert r["population"] == n and r["sampling_rate"] == 2 / n
 
 
-def test_thresholds_without_layout_needs_model_groups(capsys):
-    rc = cli.main(["thresholds", LAYOUT, "model.layout=null", "model.arch=whisper-tinyllama-tiny"])
-    out, err = capsys.readouterr()
-    if rc == 2:  # models helper not there yet: one line telling the user to give model.layout
-        assert len(err.strip().splitlines()) == 1 and "model.layout" in err
-    else:
-        assert rc == 0 and "decoder" in out
+def test_thresholds_without_layout_reads_the_models_groups(capsys):
+    from cluster_fl.config import load_config
+    from cluster_fl.models import describe_groups
+
+    overrides = ["model.layout=null", "model.arch=whisper-tinyllama-tiny"]
+    r = run_json(capsys, "thresholds", LAYOUT, *overrides)
+    expected = list(describe_groups(load_config(LAYOUT, overrides).model))
+    assert [(g["name"], g["component"], g["numel"]) for g in r["groups"]] == \
+        [(g.name, g.component, g.numel) for g in expected]
+    assert {g["component"] for g in r["groups"]} == {"encoder", "connector", "decoder"}
+    assert math.fsum(g["threshold"] ** 2 for g in r["groups"]) == pytest.approx(1.0, rel=1e-9)
+    assert {p["name"] for p in r["pools"]} == {"encoder", "decoder"}
 
 
 def test_cohort_larger_than_population_is_a_user_error(capsys):

@@ -13,13 +13,14 @@ so a second run skips steps 1-2 and finished runs.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
 
 from cluster_fl.config import load_config, replace
-from cluster_fl.engine.rundir import is_done
+from cluster_fl.data.corpus import DEFAULT_FOLDER, default_cache
+from cluster_fl.engine.rundir import is_done, run_dir
+from cluster_fl.errors import UserError
 
 DEMO_CONFIG = Path(__file__).resolve().parents[1] / "assets" / "demo.yaml"
 METHODS = {
@@ -28,17 +29,6 @@ METHODS = {
     "size": {"privacy.clipping": "size"},
     "alpha-split": {"privacy.clipping": "alpha-split"},
 }
-
-
-def default_cache() -> Path:
-    return Path(os.environ.get("CLUSTER_FL_CACHE", "~/.cache/cluster_fl")).expanduser()
-
-
-def default_corpus() -> Path:
-    """The folder the demo renders the default corpus into (and benchmarks read)."""
-    from cluster_fl.data.corpus import DEFAULT_FOLDER
-
-    return default_cache() / DEFAULT_FOLDER
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -62,8 +52,7 @@ def _say(msg: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from cluster_fl.data import make_corpus
-    from cluster_fl.data.corpus import DEFAULT_FOLDER
+    from cluster_fl.data import count_clients, make_corpus
     from cluster_fl.engine.train import PREEMPTED_EXIT, Preempted, run_training
     from cluster_fl.experiments.results import find_runs
     from cluster_fl.experiments.table import summarise, to_markdown
@@ -107,7 +96,6 @@ def run(args: argparse.Namespace) -> int:
     _say(f"   pretrained: {result.get('step')} steps, held-out public WER {result.get('wer')}"
          + (" (cached)" if result.get("cached") else ""))
     cfg = replace(cfg, {"model.checkpoint": str(ckpt)})
-    from cluster_fl.data import count_clients
     population = count_clients(cfg.data)
     if cfg.fl.clients_per_round > population:  # a reduced corpus: cohort = everyone
         _say(f"   fl.clients_per_round {cfg.fl.clients_per_round} > {population} clients; using {population}")
@@ -116,13 +104,11 @@ def run(args: argparse.Namespace) -> int:
     methods = [m for m in args.methods.split(",") if m]
     unknown = set(methods) - set(METHODS)
     if unknown:
-        from cluster_fl.errors import UserError
         raise UserError(f"--methods: unknown {', '.join(sorted(unknown))}; "
                         f"allowed: {', '.join(METHODS)}")
     folders = []
     for i, m in enumerate(methods, 1):
         run_cfg = replace(cfg, {**METHODS[m], "run.experiment": "demo"})
-        from cluster_fl.engine.rundir import run_dir
         state = "cached" if is_done(run_dir(run_cfg)) else "running"
         _say(f"3/4 [{i}/{len(methods)}] {m}: {run_cfg.fl.rounds} rounds ({state})")
         try:

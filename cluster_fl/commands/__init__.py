@@ -1,0 +1,20 @@
+"""The command layer: one module per ``cluster-fl`` command, the top of the house.
+
+``cluster_fl.cli`` parses the command name and hands over to ``cluster_fl.commands.<name>``; each
+module declares its arguments (``add_arguments(parser)``) and runs the command
+(``run(args) -> exit code``), assembling what the layers below provide -- experiments and the
+engine, privacy, models and data. Nothing below this package imports it or the CLI (a test in
+``tests/test_architecture.py`` holds that rule); errors meant for the user are
+:class:`cluster_fl.errors.UserError`, which the CLI prints as one line with exit code 2.
+See ARCHITECTURE.md for the layers.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_config_arguments(parser: argparse.ArgumentParser, required: bool = True) -> None:
+    """The shared ``CONFIG [key=value ...]`` positional arguments."""
+    parser.add_argument("config", nargs=None if required else "?", help="YAML preset")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")

@@ -1,0 +1,31 @@
+"""``cluster-fl pretrain CONFIG [key=value ...] [--force]``: central pretraining of a tiny
+speech-LLM on the public speakers (:mod:`cluster_fl.training.pretrain`), the stand-in for
+pretrained Whisper / TinyLlama weights."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from cluster_fl.commands import add_config_arguments
+from cluster_fl.config import load_config
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``CONFIG [key=value ...] [--force]``."""
+    add_config_arguments(parser)
+    parser.add_argument("--force", action="store_true",
+                        help="retrain even if a finished checkpoint exists")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Entry point of ``cluster-fl pretrain``."""
+    import torch
+
+    from cluster_fl.training.pretrain import pretrain
+
+    cfg = load_config(args.config, args.overrides)
+    torch.set_num_threads(cfg.run.threads or (os.cpu_count() or 1))
+    result = pretrain(cfg, force=args.force)
+    print(f"checkpoint: {result['out']}  (step {result['step']}, held-out WER {result['wer']:.3f})")
+    return 0

@@ -1,0 +1,61 @@
+"""``cluster-fl table RESULTS... [--format md|csv|latex] [--out FILE]``: the paper's tables.
+
+The statistics (mean ± std over seeds, speaker-clustered bootstrap CIs, ε and per-pool σ) are
+:mod:`cluster_fl.experiments.table`. A damaged results file is a one-line error naming it.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Sequence
+
+from cluster_fl.errors import UserError, short_reason
+from cluster_fl.experiments.results import find_runs
+from cluster_fl.experiments.table import BOOTSTRAP, FORMATS, summarise
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("results", nargs="+", help="results folders (searched for final.parquet)")
+    parser.add_argument("--format", choices=sorted(FORMATS), default="md")
+    parser.add_argument("--out", default=None, help="write to this file instead of stdout")
+    parser.add_argument("--bootstrap", type=int, default=BOOTSTRAP, help="bootstrap resamples")
+
+def _damaged(paths: Sequence[str], exc: Exception) -> UserError:
+    """The error for a results file that does not read: name the first damaged file found."""
+    import pyarrow.parquet as pq
+
+    for p in paths:
+        root = Path(p).expanduser()
+        files = [root] if root.is_file() else sorted(
+            f for name in ("final.parquet", "eval.parquet") for f in root.rglob(name))
+        for f in files:
+            try:
+                pq.read_metadata(f)
+            except Exception as bad:  # noqa: BLE001 - any reason makes the file unusable
+                reason = short_reason(bad)
+                return UserError(f"{f}: unreadable results file ({reason}); restore it, or "
+                                 "delete the run folder and run it again")
+    reason = short_reason(exc)
+    return UserError(f"unreadable results under {' '.join(paths)} ({reason})")
+
+
+def run(args: argparse.Namespace) -> int:
+    import pyarrow as pa
+
+    try:
+        runs = find_runs(args.results)
+        if not runs:
+            raise UserError(f"no run folders (final.parquet) under {' '.join(args.results)}")
+        text = FORMATS[args.format](summarise(runs, args.bootstrap))
+    except (pa.ArrowException, OSError) as exc:
+        raise _damaged(args.results, exc) from None
+    if args.out:
+        try:
+            Path(args.out).write_text(text)
+        except OSError as exc:
+            raise UserError(f"--out: cannot write {args.out}: {exc.strerror or exc}") from None
+        print(f"wrote {args.out} ({len(runs)} runs)")
+    else:
+        print(text, end="")
+    return 0

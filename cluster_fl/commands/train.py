@@ -1,0 +1,36 @@
+"""``cluster-fl train CONFIG [key=value ...]``: one experiment, in one process or one rank of many.
+
+The engine (:func:`cluster_fl.engine.train.run_training`) runs or resumes the run and records
+how it ended in the run folder; this command turns the ending into an exit code: 0 and the run
+folder printed by rank 0 when done, 75 (``PREEMPTED_EXIT``) after a stop signal, 2 for a problem
+the user can fix (through the CLI's :class:`~cluster_fl.errors.UserError` handling).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+# Light imports only: engine.train defers torch, models and data until the stop handlers are
+# installed, so that a SIGTERM during start-up is a clean stop too (exit 75).
+from cluster_fl.commands import add_config_arguments
+from cluster_fl.config import load_config
+from cluster_fl.engine.checkpoint import StopFlag, Stopped
+from cluster_fl.engine.train import PREEMPTED_EXIT, Preempted, run_training
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_config_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        with StopFlag(immediate=True):  # a signal while reading the config: nothing to save
+            cfg = load_config(args.config, args.overrides)
+            folder = run_training(cfg)  # records failures in status.json itself
+    except (Preempted, Stopped):
+        return PREEMPTED_EXIT
+    from cluster_fl.dist.launch import launch_rank
+
+    if launch_rank() == 0:
+        print(folder)
+    return 0
