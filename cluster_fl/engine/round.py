@@ -21,7 +21,7 @@ from cluster_fl.config import Config
 from cluster_fl.dist.parallelize import LaneLayout
 from cluster_fl.engine import cohort as cohort_mod
 from cluster_fl.engine.client import ClientRunner, ClientUpdate, release_memory
-from cluster_fl.engine.diagnostics import Diagnostics
+from cluster_fl.privacy.diagnostics import Diagnostics
 from cluster_fl.engine.server import ServerOptimizer
 from cluster_fl.groups import GroupSpec
 from cluster_fl.secure_sum import SecureSummer, mask_mode

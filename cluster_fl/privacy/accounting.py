@@ -34,6 +34,7 @@ from dp_accounting import pld, rdp
 
 from cluster_fl.config import PrivacyConfig
 from cluster_fl.errors import UserError
+from cluster_fl.privacy.diagnostics import release_multiplier
 
 ADAPTIVE_METHODS = ("uniform-ema", "size-ema", "quantile")
 PLD_FALLBACK = ("dp-accounting's PLD accountant does not support sampling without replacement; "
@@ -195,15 +196,13 @@ class PrivacyLedger:
         self.diagnostics_noise_multiplier = diagnostics_noise_multiplier
         self._cache: dict[tuple, float] = {}
         if privacy.mechanism == "gaussian" and privacy.noise_multiplier == 0:
-            self._void("privacy.noise_multiplier is 0: the update is released without noise")
+            self.add_void_reason("privacy.noise_multiplier is 0: the update is released without noise")
 
     def add_void_reason(self, reason: str) -> None:
         """Record a channel released without noise (the engine's exact diagnostics, ...): the
         guarantee becomes "void" and ε +inf."""
         if reason not in self.void_reasons:
             self.void_reasons.append(reason)
-
-    _void = add_void_reason
 
     @property
     def rounds(self) -> int:
@@ -224,7 +223,7 @@ class PrivacyLedger:
                        "effective_noise_multiplier": sig_pool[p.name], "rule": p.rule}
                       for p in policy.pools]
         if policy.adaptive and not policy.adaptive_private:
-            self._void(f"clipping {policy.method!r} adapts from exact, un-noised client "
+            self.add_void_reason(f"clipping {policy.method!r} adapts from exact, un-noised client "
                        "statistics (privacy.adaptive_private=false)")
 
     def step(self, policy: Any = None, rounds: int = 1) -> None:
@@ -240,7 +239,7 @@ class PrivacyLedger:
             adaptive, private = is_adaptive(p), p.adaptive_private
             z_s = p.stat_noise_multiplier if adaptive and private else None
             if adaptive and not private:
-                self._void(f"clipping {p.clipping!r} adapts from exact, un-noised client "
+                self.add_void_reason(f"clipping {p.clipping!r} adapts from exact, un-noised client "
                            "statistics (privacy.adaptive_private=false)")
         z_d = self.diagnostics_noise_multiplier
         if z_d is not None:  # one more Gaussian on the same cohort: σ_eff⁻² adds up
@@ -268,7 +267,7 @@ class PrivacyLedger:
         return self._cache[key]
 
     def to_json(self) -> dict[str, Any]:
-        """The ``privacy.json`` record (keys per COMMON.md; ε null when infinite)."""
+        """The ``privacy.json`` record (ε null when infinite)."""
         eps = self.epsilon()
         fallback = (PLD_FALLBACK if self.privacy.accountant == "pld" and self.sampling == "fixed"
                     else None)
@@ -305,25 +304,17 @@ class PrivacyLedger:
         self.void_reasons = list(state["void_reasons"])
 
 
-def diagnostics_multiplier(privacy: PrivacyConfig) -> float | None:
-    """σ_d of the round engine's per-round diagnostics release: ``privacy.diagnostics:
-    noised`` releases bounded per-client diagnostics with this noise multiplier; ``exact``
-    (void) and non-private runs have none."""
-    if privacy.mechanism != "gaussian" or privacy.diagnostics != "noised":
-        return None
-    return float(privacy.diagnostics_noise_multiplier)
-
-
 def ledger_for(cfg: Any, population: int) -> PrivacyLedger:
     """The ledger a run of ``cfg`` records: q = fl.clients_per_round / population, fl.sampling,
-    the diagnostics release composed, exact diagnostics recorded as void."""
+    the diagnostics release composed (:mod:`cluster_fl.privacy.diagnostics`; nothing when
+    ``privacy.diagnostics: off``), exact diagnostics recorded as void."""
     m = cfg.fl.clients_per_round
     if population < 1 or m > population:
         raise UserError(f"fl.clients_per_round ({m}) must be between 1 and the number of "
                         f"clients ({population}); set privacy.population or fl.clients_per_round")
     ledger = PrivacyLedger(cfg.privacy, sampling_rate=m / population, sampling=cfg.fl.sampling,
                            population=population, cohort_size=m,
-                           diagnostics_noise_multiplier=diagnostics_multiplier(cfg.privacy))
+                           diagnostics_noise_multiplier=release_multiplier(cfg.privacy))
     if cfg.privacy.mechanism == "gaussian" and cfg.privacy.diagnostics == "exact":
         ledger.add_void_reason("privacy.diagnostics=exact: exact per-client diagnostics (norms, "
                                "clip flags, losses) are released without noise")

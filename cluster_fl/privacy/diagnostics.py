@@ -1,11 +1,23 @@
-"""Per-round diagnostics, treated as what they are: statistics of clients' private updates.
+"""The per-round diagnostics release: what is released, its sensitivity, its noise, its cost.
 
-Each trained client contributes one diagnostic vector (loss, pre-clip norms, clip flags, retained
-ratios per pool, counters). The vectors are summed with the secure sum like the updates. With
-``privacy.diagnostics: noised`` every entry is bounded to [0, 1] (norms as fractions of C, loss
-as a fraction of ``LOSS_SCALE``), so one client's vector has L2 norm ≤ √D; rank 0 adds
-N(0, (m·√D)²) once and the release is composed in the accountant. ``exact`` keeps exact values
-and per-group norms for research figures -- the run then records its guarantee as void.
+Per-round diagnostics (loss, pre-clip norms, clip flags, retained ratios per pool, counters) are
+statistics of clients' private updates, so they are a DP release like the update, bounded, noised
+and accounted here in one place. Each trained client contributes one diagnostic vector; the round
+engine adds the vectors to the secure sum beside the updates and rank 0 adds the noise once.
+``privacy.diagnostics`` chooses the release:
+
+* ``noised`` (default): every entry is bounded to [0, 1] (norms as fractions of C, loss as a
+  fraction of ``LOSS_SCALE``), so one client's vector has L2 norm ≤ √D -- the sensitivity; the
+  sum gets N(0, (z_d·√D)²) with z_d = ``privacy.diagnostics_noise_multiplier``, and the accountant
+  composes it with the update on the same cohort (:func:`release_multiplier`);
+* ``exact``: exact values and per-group norms for research figures; nothing is noised and the
+  run records its guarantee as void (``privacy.accounting.ledger_for``);
+* ``off``: nothing is released but the update. The vector keeps only the counters (trained,
+  skipped, non-finite) from which the round engine reads its one-bit empty-round flag, the side
+  statistic the audit declares; the metrics row carries none of them, and the accountant charges
+  nothing for diagnostics.
+
+Non-private runs (``privacy.mechanism: none``) release exact diagnostics unless ``off``.
 """
 
 from __future__ import annotations
@@ -21,6 +33,16 @@ from cluster_fl.groups import GroupSpec
 
 LOSS_SCALE = 10.0  # noised mode reports min(loss / 10, 1)
 EXACT_BOUND = 1e4  # exact mode: entries are clamped to [-1e4, 1e4] for the fixed-point sum
+COUNTERS = ("trained", "skipped", "nonfinite")  # summed in every mode (the empty-round flag)
+
+
+def release_multiplier(privacy: PrivacyConfig) -> float | None:
+    """z_d of the diagnostics release, relative to its sensitivity √D, for the accountant: the
+    configured multiplier when diagnostics are noised, None when nothing noised is released
+    (``exact`` is void instead, ``off`` releases nothing, a non-private run has no guarantee)."""
+    if privacy.mechanism != "gaussian" or privacy.diagnostics != "noised":
+        return None
+    return float(privacy.diagnostics_noise_multiplier)
 
 
 @dataclass
@@ -42,18 +64,15 @@ class Diagnostics:
     def __init__(self, groups: Sequence[GroupSpec], policy: Any, privacy: PrivacyConfig):
         self.groups = list(groups)
         self.private = privacy.mechanism == "gaussian"
-        self.exact = privacy.diagnostics == "exact" or not self.private
+        self.mode = ("off" if privacy.diagnostics == "off" else
+                     privacy.diagnostics if self.private else "exact")
+        self.exact = self.mode == "exact"
         self.clip_norm = privacy.clip_norm
         self.pools = [p.name for p in policy.pools] if self.private else ["all"]
-        self.pool_of = {}
-        if self.private:
-            for p in policy.pools:
-                for g in p.groups:
-                    self.pool_of[getattr(g, "name", g)] = p.name
-        else:
-            self.pool_of = {g.name: "all" for g in self.groups}
-        self.head = ["trained", "skipped", "nonfinite", "loss", "total_norm", "any_clipped"]
-        self.per_pool = ["clipped", "retained", "norm"]
+        self.head = list(COUNTERS)
+        if self.mode != "off":
+            self.head += ["loss", "total_norm", "any_clipped"]
+        self.per_pool = ["clipped", "retained", "norm"] if self.mode != "off" else []
         self.names = list(self.head)
         for p in self.pools:
             self.names += [f"{k}/{p}" for k in self.per_pool]
@@ -62,8 +81,8 @@ class Diagnostics:
         self.size = len(self.names)
         # one client's bounded vector has L2 norm <= sqrt(D): the release's sensitivity
         self.sensitivity = math.sqrt(self.size)
-        self.noise_std = (privacy.diagnostics_noise_multiplier * self.sensitivity
-                          if self.private and not self.exact else 0.0)
+        multiplier = release_multiplier(privacy)
+        self.noise_std = multiplier * self.sensitivity if multiplier is not None else 0.0
         self.bound = EXACT_BOUND if self.exact else 1.0
 
     def _bound(self, x: float, scale: float) -> float:
@@ -73,7 +92,7 @@ class Diagnostics:
 
     def skipped(self) -> torch.Tensor:
         v = torch.zeros(self.size, dtype=torch.float64)
-        v[1] = 1.0
+        v[self.names.index("skipped")] = 1.0
         return v
 
     def measure(self, delta: Mapping[str, torch.Tensor], max_abs: float = math.inf) -> Measured:
@@ -89,14 +108,16 @@ class Diagnostics:
         return Measured(dict(delta), norms, {"all": total}, {"all": False}, {"all": 1.0}, total)
 
     def client_vector(self, res: Any, loss: float) -> torch.Tensor:
-        v = [1.0, 0.0, float(bool(res.nonfinite)), self._bound(loss, LOSS_SCALE),
-             self._bound(float(res.total_norm), self.clip_norm),
-             float(any(bool(res.pool_clipped.get(p, False)) for p in self.pools))]
-        for p in self.pools:
-            retained = float(res.pool_retained.get(p, 1.0))
-            v += [float(bool(res.pool_clipped.get(p, False))),
-                  retained if math.isfinite(retained) else 0.0,
-                  self._bound(float(res.pool_norms.get(p, 0.0)), self.clip_norm)]
+        v = [1.0, 0.0, float(bool(res.nonfinite))]
+        if self.mode != "off":
+            v += [self._bound(loss, LOSS_SCALE),
+                  self._bound(float(res.total_norm), self.clip_norm),
+                  float(any(bool(res.pool_clipped.get(p, False)) for p in self.pools))]
+            for p in self.pools:
+                retained = float(res.pool_retained.get(p, 1.0))
+                v += [float(bool(res.pool_clipped.get(p, False))),
+                      retained if math.isfinite(retained) else 0.0,
+                      self._bound(float(res.pool_norms.get(p, 0.0)), self.clip_norm)]
         if self.exact:
             v += [self._bound(float(res.group_norms.get(g.name, 0.0)), 1.0) for g in self.groups]
         out = torch.tensor(v, dtype=torch.float64)
@@ -105,8 +126,17 @@ class Diagnostics:
         return out
 
     def row(self, total: torch.Tensor, thresholds: Mapping[str, float], n_cohort: int) -> dict:
-        """Decode a (noised) summed vector into a metrics row of means."""
-        s = dict(zip(self.names, total.tolist()))
+        """Decode a (noised) summed vector into a metrics row of means. With ``off`` the row
+        holds no statistic of the clients, only the (public) thresholds."""
+        if self.mode == "off":
+            row: dict[str, Any] = {"diagnostics": "off"}
+        else:
+            row = self._means(dict(zip(self.names, total.tolist())), n_cohort)
+        for name, c in thresholds.items():
+            row[f"threshold/{name}"] = float(c)
+        return row
+
+    def _means(self, s: dict[str, float], n_cohort: int) -> dict[str, Any]:
         trained = s["trained"] if self.exact else max(float(n_cohort), 1.0)
         div = max(trained, 1.0)
         row: dict[str, Any] = {
@@ -114,7 +144,7 @@ class Diagnostics:
             "loss": s["loss"] / div * (1 if self.exact else LOSS_SCALE),
             "total_norm": s["total_norm"] / div * (1 if self.exact else self.clip_norm),
             "clip_rate": s["any_clipped"] / div,
-            "diagnostics": "exact" if self.exact else "noised",
+            "diagnostics": self.mode,
             "diag_noise_std": self.noise_std / div,
         }
         for p in self.pools:
@@ -124,6 +154,4 @@ class Diagnostics:
         if self.exact:
             for g in self.groups:
                 row[f"norm/{g.name}"] = s[f"norm/{g.name}"] / div
-        for name, c in thresholds.items():
-            row[f"threshold/{name}"] = float(c)
         return row
