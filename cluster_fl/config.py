@@ -275,7 +275,9 @@ class PrivacyConfig:
     """Per-round diagnostics computed from clients' updates (clip flags, retained ratios, pool
     norms, loss): ``noised`` -- each client's diagnostic vector is bounded to [0, 1] per entry,
     summed securely, noised once and composed in the accountant; ``exact`` -- exact values
-    (and per-group norms) for research figures, and the run's guarantee is recorded as void."""
+    (and per-group norms) for research figures, and the run's guarantee is recorded as void;
+    ``off`` -- none are released (the run releases only the update) and the accountant charges
+    nothing for them. ``on`` is ``noised``."""
     diagnostics_noise_multiplier: float = 5.0
     """Noise multiplier on the summed diagnostic vectors (sensitivity = sqrt(entries)). It is
     composed with the update each round: at 5, ε grows ~4% at σ = 1 and ~1% at σ = 0.5; at 1
@@ -304,7 +306,9 @@ class PrivacyConfig:
                hi_open=True)
         _range(self.quantile_lr, "privacy.quantile_lr", 0.0, 10.0, lo_open=True)
         _range(self.population, "privacy.population", 0, None, integer=True)
-        _in(self.diagnostics, ("noised", "exact"), "privacy.diagnostics")
+        if isinstance(self.diagnostics, bool):  # YAML 1.1 reads on/off as booleans: on = noised
+            object.__setattr__(self, "diagnostics", "noised" if self.diagnostics else "off")
+        _in(self.diagnostics, ("noised", "exact", "off"), "privacy.diagnostics")
         _range(self.diagnostics_noise_multiplier, "privacy.diagnostics_noise_multiplier", 0.0,
                None, lo_open=True)
         if self.clipping == "pools":

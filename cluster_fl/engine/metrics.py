@@ -1,4 +1,5 @@
-"""Per-round metric rows, the Parquet files of a run folder, and the record of skipped rows.
+"""Per-round metric rows, the Parquet files of a run folder, the per-round log line, and the
+record of skipped rows.
 
 ``rounds.parquet`` is rewritten atomically after every round (it is small), so a crash never
 loses a finished round; on resume the rows after the checkpointed round are dropped.
@@ -19,6 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from cluster_fl.engine.rundir import atomic_write_bytes, write_json
+from cluster_fl.privacy.diagnostics import LOSS_SCALE
 
 SKIPPED_NAME = "skipped.json"
 
@@ -43,6 +45,37 @@ def _clean(v: Any) -> Any:
     if isinstance(v, float) and math.isnan(v):
         return None
     return v
+
+
+def progress_line(r: int, rounds: int, row: Mapping[str, Any]) -> str:
+    """The log line of round ``r``. Exact diagnostics are shown as they are. Noised ones are
+    estimates with a known noise std (``diag_noise_std`` per rate): a figure is shown clamped to
+    its range with its ±, or, when the ± spans half its range or more, only its ± (too noisy to
+    mean anything at this cohort size). With ``privacy.diagnostics: off`` there are none."""
+    eps = row.get("epsilon")
+    eps_s = "inf" if eps is None or not math.isfinite(eps) else f"{eps:.3g}"
+    tail = f"eps {eps_s}, {row.get('wall_s', 0):.1f}s"
+    mode = row.get("diagnostics")
+    if mode == "off":
+        return f"round {r}/{rounds}: clients {row.get('n_cohort')}, {tail} (diagnostics off)"
+    if mode != "noised":
+        return (f"round {r}/{rounds}: loss {row.get('loss', float('nan')):.3f}, "
+                f"clients {row.get('n_cohort')}, clip rate {row.get('clip_rate', 0):.2f}, {tail}")
+    std = float(row.get("diag_noise_std") or 0.0)
+    shown, hidden = [], []
+    for name, value, noise, top in (("loss", row.get("loss"), std * LOSS_SCALE, LOSS_SCALE),
+                                    ("clip rate", row.get("clip_rate"), std, 1.0)):
+        if value is None or not math.isfinite(value) or noise >= top / 2:
+            hidden.append(f"{name} ± {noise:.2g}")
+        else:
+            shown.append(f"{name} {min(max(value, 0.0), top):.2f} ± {noise:.2f}")
+    line = f"round {r}/{rounds}: " + ", ".join(shown[:1] + [f"clients {row.get('n_cohort')}"]
+                                               + shown[1:] + [tail])
+    if shown:
+        line += " (noised diagnostics)"
+    if hidden:
+        line += f"; noised {', '.join(hidden)}: too noisy to show"
+    return line
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:

@@ -7,7 +7,6 @@ stays ignorant of the others.
 from __future__ import annotations
 
 import json
-import math
 import os
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
@@ -100,15 +99,6 @@ class World:
 
         set_trainable(self.model, state)
         return self.evaluation.run(self.model, self.placement, self.comm)
-
-    def progress_line(self, r: int, rounds: int, row: dict) -> str:
-        eps = row.get("epsilon")
-        eps_s = "inf" if eps is None or not math.isfinite(eps) else f"{eps:.3g}"
-        noised = row.get("diagnostics") == "noised"
-        tag = f" (noised diagnostics, ±{row.get('diag_noise_std', 0):.2f} per rate)" if noised else ""
-        return (f"round {r}/{rounds}: loss {row.get('loss', float('nan')):.3f}, "
-                f"clients {row.get('n_cohort')}, clip rate {row.get('clip_rate', 0):.2f}, "
-                f"eps {eps_s}, {row.get('wall_s', 0):.1f}s{tag}")
 
     def final_row(self, summary: dict, wall_s: float, commit: str) -> dict:
         cfg = self.cfg

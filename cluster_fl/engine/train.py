@@ -227,7 +227,7 @@ def _record_end(folder: Path, cfg: Config, exc: BaseException, stopped: bool,
 def _train(cfg: Config, comm: Any, folder: Path, log: Log, stop: StopFlag,
            progress: dict, record: Config) -> Path:
     from cluster_fl.engine import setup
-    from cluster_fl.engine.metrics import SkippedRows, write_rows
+    from cluster_fl.engine.metrics import SkippedRows, progress_line, write_rows
 
     main = comm.rank == 0
     setup.set_threads(cfg, comm)
@@ -264,7 +264,7 @@ def _train(cfg: Config, comm: Any, folder: Path, log: Log, stop: StopFlag,
             if summary is not None:
                 out.row.update({k: v for k, v in summary.items() if k.startswith("wer")})
         rows.append(out.row)
-        log(world.progress_line(r, rounds, out.row))
+        log(progress_line(r, rounds, out.row))
         if out.row.get("empty"):
             log(f"warning: round {r}: no client contributed ("
                 + ("Poisson sampling drew no client" if not out.row.get("n_cohort") else
