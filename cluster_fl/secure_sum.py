@@ -209,15 +209,9 @@ class SecureSummer:
         if (round, stream) in self._used and self.mode != "plain":
             raise ValueError(f"masks for round {round} stream {stream} were already used")
         self._used.add((round, stream))
-        # masks are generated on the host (numpy Philox / ChaCha20); only the int64 sum crosses
-        # to the communicator's device (TorchComm stages it for NCCL)
-        masked = self._acc.to("cpu", copy=True)
-        if self.mode != "plain" and comm.world_size > 1:
-            if self.mode == "secure" and self._pair_keys is None:
-                self._pair_keys = _agree_pair_keys(comm)
-            self._apply_masks(masked, comm.rank, comm.world_size, round, stream)
-        if record:
-            self.last_partial = {"masked": masked.clone(), "plain": self.partial()}
+        if self.mode == "secure" and comm.world_size > 1 and self._pair_keys is None:
+            self._pair_keys = _agree_pair_keys(comm)
+        masked = self.masked_partial(comm.rank, comm.world_size, round, stream, record=record)
         comm.all_reduce_sum(masked, slow=True)  # waits for the slowest lane to finish training
         self._acc.zero_()
         counts = masked[self.numel:]
@@ -226,6 +220,23 @@ class SecureSummer:
                 f"more than max_clients={self.max_clients} contributions to one field "
                 f"({counts.tolist()}): the int64 sum may have overflowed")
         return self._decode(masked)
+
+    def masked_partial(self, rank: int, world_size: int, round: int, stream: int = 0, *,
+                       record: bool = False) -> torch.Tensor:
+        """This rank's running sum as its peers and the wire see it: the int64 fixed-point buffer
+        (with its per-field counts) plus the pairwise masks of (round, stream), on the host.
+        ``record`` keeps it, with the unmasked partial, in :attr:`last_partial`. Secure mode
+        needs the pair keys that :meth:`reduce` agrees over the communicator."""
+        # masks are generated on the host (numpy Philox / ChaCha20); only the int64 sum crosses
+        # to the communicator's device (TorchComm stages it for NCCL)
+        masked = self._acc.to("cpu", copy=True)
+        if self.mode != "plain" and world_size > 1:
+            if self.mode == "secure" and self._pair_keys is None:
+                raise ValueError("secure mode: the pair keys are agreed by reduce() first")
+            self._apply_masks(masked, rank, world_size, round, stream)
+        if record:
+            self.last_partial = {"masked": masked.clone(), "plain": self.partial()}
+        return masked
 
     def key_fingerprints(self) -> dict[int, str]:
         """Secure mode: a short hash of each pair key by peer rank (tests: keys differ per run)."""

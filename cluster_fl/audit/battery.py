@@ -12,7 +12,6 @@ The gate (``stats.gate``) is applied to the attack with m = every gated cell DEC
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any, Callable
 
@@ -23,12 +22,15 @@ from cluster_fl.audit.canary import run_canaries
 from cluster_fl.audit.channels import (BATTERY, CHANNELS, Recording, battery_size,
                                        load_recording, partial_labels)
 from cluster_fl.audit.stats import gate
-from cluster_fl.config import Config, build_config, load_config
+from cluster_fl.audit.sweep import alpha_sweep
+from cluster_fl.config import Config, ConfigError, build_config, load_config
+from cluster_fl.groups import GroupSpec
+from cluster_fl.privacy.accounting import effective_noise_multipliers
+from cluster_fl.privacy.clipping import make_policy
 
 DOSES = (0.0, 0.01, 0.03, 0.1, 0.3, 1.0)
 NOISE_DOSES = (1.0, 0.5, 0.25, 0.1, 0.03, 0.0)
 ZERO_DOSES = (0.0, 0.01, 0.05, 0.2)
-ALPHAS = (0.01, 0.05, 0.1, 0.25, 0.5, 0.9)
 
 
 class Settings:
@@ -151,7 +153,7 @@ def upload_cells(rec: Recording, s: Settings) -> dict[str, dict]:
             out[f"speaker_probe/{part}"] = out[f"language_probe/{part}"] = not_measured(why)
             continue
         x = attacks.flatten_rows([u["clipped"][g] for g in names])
-        grouping, groups = speaker_grouping_of(u)
+        grouping, groups = _speaker_grouping(u)
         out[f"speaker_probe/{part}"] = gated_probe(x, u["speakers"], np.asarray(groups),
                                                    grouping, s)
         out[f"language_probe/{part}"] = gated_probe(x, u["languages"], u["client_ids"],
@@ -162,7 +164,7 @@ def upload_cells(rec: Recording, s: Settings) -> dict[str, dict]:
     return out
 
 
-def speaker_grouping_of(u: dict) -> tuple[str, list]:
+def _speaker_grouping(u: dict) -> tuple[str, list]:
     """By client when speakers span clients, else by round (see attacks module)."""
     return attacks.speaker_grouping(u["speakers"], u["client_ids"], u["rounds"])
 
@@ -260,7 +262,7 @@ def side_cells(rec: Recording, s: Settings) -> dict[str, dict]:
     else:
         feats = [np.log1p(np.nan_to_num(v, nan=0.0)) for v in u["raw_norms"].values()]
         x = np.stack(feats + [np.log1p(u["n_samples"].astype(float))], axis=1)
-        grouping, groups = speaker_grouping_of(u)
+        grouping, groups = _speaker_grouping(u)
         out["speaker_probe/norms_counts"] = gated_probe(x, u["speakers"], np.asarray(groups),
                                                         grouping, s)
         out["language_probe/norms_counts"] = gated_probe(x, u["languages"], u["client_ids"],
@@ -295,8 +297,7 @@ def run_battery(run_dir: str | Path, seed: int = 0,
                     if c == name]
         channels.append({"channel": name, "observer": observer, "sees": sees,
                          "recorded": _recorded(rec, name), "attacks": attacks_})
-    from cluster_fl.audit.sweep import alpha_sweep
-
+    encoder_pool, encoder_sigma = encoder_pool_sigma(cfg, rec.groups)
     return {"run_dir": str(run_dir), "battery_size": s.m, "margin_pp": s.margin_pp,
             "family_alpha": s.family_alpha, "per_test_level": s.family_alpha / s.m,
             "notes": notes, "channels": channels, "canary": canary,
@@ -305,8 +306,24 @@ def run_battery(run_dir: str | Path, seed: int = 0,
                         "clip_norm": cfg.privacy.clip_norm, "alpha": cfg.privacy.alpha,
                         "clipping": cfg.privacy.clipping, "delta": cfg.privacy.delta,
                         "accountant": cfg.privacy.accountant,
-                        "encoder_sigma": cfg.privacy.noise_multiplier / math.sqrt(
-                            cfg.privacy.alpha)}}
+                        "encoder_pool": encoder_pool, "encoder_sigma": encoder_sigma}}
+
+
+def encoder_pool_sigma(cfg: Config, groups: list[dict]) -> tuple[str | None, float | None]:
+    """The pool holding the encoder's groups under the run's own clipping policy and its
+    effective noise multiplier σ·C/C_k (σ/√α only for α-split; σ for a single pool). None when
+    the run has no DP mechanism, no encoder groups, or a policy that cannot be rebuilt here
+    (e.g. ``probe`` without its norms file)."""
+    encoder = [g["name"] for g in groups if g.get("component") == "encoder"]
+    if cfg.privacy.mechanism != "gaussian" or not encoder:
+        return None, None
+    specs = [GroupSpec(g["name"], g["component"], int(g["numel"])) for g in groups]
+    try:
+        policy = make_policy(cfg.privacy, specs)
+    except (ConfigError, ValueError, OSError):
+        return None, None
+    pool = policy.pool_of()[encoder[0]]
+    return pool, effective_noise_multipliers(policy, cfg.privacy.noise_multiplier)[0][pool]
 
 
 def _recorded(rec: Recording, name: str) -> bool:

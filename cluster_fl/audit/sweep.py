@@ -6,8 +6,9 @@ noise per coordinate does not depend on α; the clip does (encoder pool threshol
 per-pool effective noise multiplier is σ/√α and the attack should weaken as α shrinks.
 
 The raw update is rebuilt from the recording: every policy clips by scaling a group (or a flat
-pool), so raw_h = clipped_h · raw_norm_h / ‖clipped_h‖ exactly. The sweep uses the static
-thresholds of ``alpha-split`` with the run's inside-pool rule (EMA rules at their base weights).
+pool), so raw_h = clipped_h · raw_norm_h / ‖clipped_h‖ exactly (tests check it for every clipping
+method). The sweep re-clips it with the real policy (``ClipPolicy.clip``) of ``alpha-split`` at
+each α, with the run's inside-pool rule (EMA rules at their base weights).
 """
 
 from __future__ import annotations
@@ -17,9 +18,14 @@ from typing import Any
 
 import numpy as np
 
+import torch
+
 from cluster_fl.audit import attacks
 from cluster_fl.config import replace
 from cluster_fl.groups import GroupSpec
+from cluster_fl.privacy.clipping import ClipPolicy, make_policy
+
+ALPHAS = (0.01, 0.05, 0.1, 0.25, 0.5, 0.9)
 
 
 def raw_updates(u: dict) -> tuple[dict[str, np.ndarray], bool]:
@@ -39,30 +45,17 @@ def raw_updates(u: dict) -> tuple[dict[str, np.ndarray], bool]:
     return out, exact
 
 
-def clip_batch(raw: dict[str, np.ndarray], policy: Any) -> dict[str, np.ndarray]:
-    """Vectorised clip of many updates with a static policy's thresholds (same rule as .clip)."""
-    thr = policy.thresholds()
-    pool_thr = policy.pool_thresholds()
-    norms = {g: np.linalg.norm(raw[g].reshape(len(raw[g]), -1), axis=1) for g in raw}
-    out = {}
-    for pool in policy.pools:
-        if pool.rule == "flat":
-            pn = np.sqrt(sum(norms[g] ** 2 for g in pool.groups))
-            f = np.minimum(1.0, pool_thr[pool.name] / np.maximum(pn, 1e-300))
-            for g in pool.groups:
-                out[g] = raw[g] * f.reshape(-1, *[1] * (raw[g].ndim - 1))
-        else:
-            for g in pool.groups:
-                f = np.minimum(1.0, thr[g] / np.maximum(norms[g], 1e-300))
-                out[g] = raw[g] * f.reshape(-1, *[1] * (raw[g].ndim - 1))
-    return out
+def clip_uploads(raw: dict[str, np.ndarray], policy: ClipPolicy) -> dict[str, np.ndarray]:
+    """Each recorded client's update (row i of every group) clipped by ``policy.clip``: the
+    engine's own clipping, so the sweep's view is what that policy would have uploaded."""
+    n = len(next(iter(raw.values()))) if raw else 0
+    rows = [policy.clip({g: torch.from_numpy(np.ascontiguousarray(v[i])) for g, v in raw.items()})
+            for i in range(n)]
+    return {g: np.stack([r.update[g].numpy() for r in rows]) for g in raw}
 
 
 def alpha_sweep(rec: Any, s: Any, alphas: tuple[float, ...] | None = None) -> list[dict]:
     """One row per α: effective σ, speaker-probe accuracy, gate numbers (empty if no encoder)."""
-    from cluster_fl.audit.battery import ALPHAS, speaker_grouping_of
-    from cluster_fl.privacy.clipping import make_policy
-
     u = rec.uploads
     comp = rec.components()
     if u is None or not any(comp.get(g) == "encoder" for g in u["clipped"]):
@@ -73,13 +66,13 @@ def alpha_sweep(rec: Any, s: Any, alphas: tuple[float, ...] | None = None) -> li
     enc = [g for g in raw if comp.get(g) == "encoder"]
     sigma, c = s.cfg.privacy.noise_multiplier, s.cfg.privacy.clip_norm
     rule = s.cfg.privacy.inside_pool if s.cfg.privacy.inside_pool != "ema" else "size"
-    grouping, groups = speaker_grouping_of(u)
+    grouping, groups = attacks.speaker_grouping(u["speakers"], u["client_ids"], u["rounds"])
     rng = np.random.default_rng(s.seed + 7)
     rows = []
     for a in alphas or ALPHAS:
         cfg = replace(s.cfg, {"privacy.clipping": "alpha-split", "privacy.alpha": a,
                               "privacy.inside_pool": rule})
-        clipped = clip_batch(raw, make_policy(cfg.privacy, specs))
+        clipped = clip_uploads(raw, make_policy(cfg.privacy, specs))
         x = attacks.flatten_rows([clipped[g] for g in enc])
         x = x + rng.normal(0.0, sigma * c, x.shape)
         out = attacks.probe(x, u["speakers"], np.asarray(groups), grouping, seed=s.seed)

@@ -21,9 +21,7 @@ import torch
 from cluster_fl.audit import attacks
 from cluster_fl.audit.channels import battery_size, load_recording, partial_labels
 from cluster_fl.audit.stats import gate
-from cluster_fl.audit.synthetic import synthetic_groups, write_synthetic_run
-from cluster_fl.audit.sweep import clip_batch
-from cluster_fl.config import build_config
+from cluster_fl.audit.synthetic import write_synthetic_run
 
 torch.set_num_threads(1)
 GATE = dict(m=battery_size(), family_alpha=0.05, margin_pp=1.0)
@@ -101,18 +99,3 @@ def test_masked_partial_sums_are_at_chance_and_unmasked_ones_leak(tmp_path):
                             rec.partials["rounds"], "round")
         g = gate(out.correct, out.n, out.baseline, **GATE)
         assert g.fired is (not masked), g
-
-
-def test_vectorised_clip_matches_the_policy():
-    from cluster_fl.privacy.clipping import make_policy
-
-    groups = synthetic_groups()
-    for clipping in ("alpha-split", "flat"):
-        policy = make_policy(build_config({"privacy": {"clipping": clipping}}).privacy, groups)
-        rng = np.random.default_rng(0)
-        raw = {g.name: rng.standard_normal((5, *g.shape)) for g in groups}
-        batch = clip_batch(raw, policy)
-        for i in range(5):
-            ref = policy.clip({k: torch.tensor(v[i]) for k, v in raw.items()}).update
-            for k in raw:
-                np.testing.assert_allclose(batch[k][i], ref[k].numpy(), rtol=1e-5, atol=1e-7)

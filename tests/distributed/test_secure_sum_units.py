@@ -133,6 +133,20 @@ def test_research_masks_of_four_ranks_cancel_mod_2_64():
     assert not np.array_equal(sent[0][:1000].view(np.int64), encode(x[0], 32).numpy())
 
 
+def test_masked_partial_is_exactly_what_reduce_sends():
+    # the audit's synthetic runs record masked_partial(); it must be the engine's wire view
+    for r in range(3):
+        s = SecureSummer({"g": 64}, frac_bits=32, max_clients=8, bounds=1.0, mode="research",
+                         seed=5)
+        s.add({"g": torch.linspace(-1, 1, 64)})
+        view = s.masked_partial(r, 3, 7, record=True)
+        recorded = s.last_partial
+        comm = _SimulatedRank(r, 3)
+        with pytest.raises(_Sent):
+            s.reduce(comm, 7, record=True)
+        assert torch.equal(view, comm.sent) and torch.equal(recorded["masked"], comm.sent)
+
+
 def test_running_sum_memory_does_not_grow_with_clients():
     s = SecureSummer({"g": 10_000}, frac_bits=32, max_clients=10_000, bounds=1.0)
     before = s._acc.data_ptr(), s._acc.numel()
