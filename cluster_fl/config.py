@@ -270,7 +270,9 @@ class PrivacyConfig:
     probe_norms: str | None = None
     """JSON of per-group mean norms from a public probe (``calibrate``) for ``probe`` clipping."""
     population: int = 0
-    """Number of clients N used for accounting (q = fl.clients_per_round / N); 0 = ask the data."""
+    """Number of clients N for ``cluster-fl account`` without a corpus (q = fl.clients_per_round
+    / N); 0 = count the corpus' clients. Training ignores it: a run accounts with the clients it
+    partitioned from the corpus."""
     diagnostics: str = "noised"
     """Per-round diagnostics computed from clients' updates (clip flags, retained ratios, pool
     norms, loss): ``noised`` -- each client's diagnostic vector is bounded to [0, 1] per entry,

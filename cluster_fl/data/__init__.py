@@ -2,7 +2,7 @@
 
 Public API (see each module): ``make_corpus`` (corpus.py); ``load_utterances``, ``find_shards``,
 ``partition_clients``, ``partition_report``, ``format_partition_report``, ``count_clients``
-(mls.py); ``FeatureStore``, ``Example``, ``collate``, ``log_mel`` (features.py);
+(mls.py); ``FeatureStore``, ``Example``, ``pad_examples``, ``log_mel`` (features.py);
 ``normalize_text``, ``vocabulary``, ``LANGUAGES`` (vocab.py).
 
 Names are imported lazily, so the corpus renderer's worker processes (and ``cluster-fl account``,
@@ -19,7 +19,7 @@ _EXPORTS = {
     "load_utterances": "mls", "find_shards": "mls", "partition_clients": "mls",
     "partition_report": "mls", "format_partition_report": "mls", "count_clients": "mls",
     "Utterance": "mls", "Client": "mls", "CorpusWarning": "mls",
-    "FeatureStore": "features", "Example": "features", "collate": "features",
+    "FeatureStore": "features", "Example": "features", "pad_examples": "features",
     "log_mel": "features",
     "normalize_text": "vocab", "vocabulary": "vocab", "LANGUAGES": "vocab",
 }

@@ -240,14 +240,14 @@ class FeatureStore:
         self._memory.clear()
 
 
-def collate(examples: Sequence[Example], pad_value: float | None = None) -> dict[str, Any]:
+def pad_examples(examples: Sequence[Example], pad_value: float | None = None) -> dict[str, Any]:
     """Pad a batch: features float32 [B, n_mels, T_max], lengths int64 [B] and the labels.
 
     ``pad_value=None`` pads each example with its own minimum (its silence level after
     Whisper's clamp), so padding looks like silence rather than a cliff.
     """
     if not examples:
-        raise ValueError("collate needs at least one example")
+        raise ValueError("pad_examples needs at least one example")
     lengths = torch.tensor([e.features.shape[-1] for e in examples], dtype=torch.int64)
     n_mels = examples[0].features.shape[0]
     batch = torch.empty(len(examples), n_mels, int(lengths.max()), dtype=torch.float32)

@@ -26,7 +26,7 @@ CHECKPOINT_NAME = "state.pt"
 CHECKPOINT_KEYS = ("round", "state", "server", "policy", "ledger", "rows")
 
 
-def save_checkpoint(folder: Path, state: dict[str, Any]) -> Path:
+def save_run_checkpoint(folder: Path, state: dict[str, Any]) -> Path:
     """Write ``state`` to ``folder/checkpoint/state.pt`` atomically (tmp + fsync + rename)."""
     import torch
 
@@ -37,7 +37,7 @@ def save_checkpoint(folder: Path, state: dict[str, Any]) -> Path:
     return path
 
 
-def load_checkpoint(folder: Path) -> dict[str, Any] | None:
+def load_run_checkpoint(folder: Path) -> dict[str, Any] | None:
     """The last checkpoint of the run in ``folder``, or None."""
     import torch
 

@@ -51,13 +51,13 @@ class LazyExamples(Sequence):
 
 def make_batches(examples: Sequence[Any], batch_size: int, g: torch.Generator) -> Iterator[dict]:
     """One shuffled pass over a client's examples as padded batches."""
-    from cluster_fl.data import collate
+    from cluster_fl.data import pad_examples
 
     items = examples.load() if isinstance(examples, LazyExamples) else list(examples)
     order = torch.randperm(len(items), generator=g).tolist()
     for start in range(0, len(order), batch_size):
         chunk = [items[i] for i in order[start:start + batch_size]]
-        b = collate(chunk)
+        b = pad_examples(chunk)
         yield {"features": b["features"], "lengths": b["lengths"],
                "texts": b["transcripts"], "languages": b["languages"]}
 

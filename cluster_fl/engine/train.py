@@ -27,7 +27,7 @@ from typing import Any
 # Light imports only: torch, models and data are imported inside the functions, after the stop
 # handlers are installed, so that a SIGTERM during start-up is a clean stop too (exit 75).
 from cluster_fl.config import Config, build_config, to_dict, yaml_load
-from cluster_fl.engine.checkpoint import StopFlag, Stopped, load_checkpoint, save_checkpoint
+from cluster_fl.engine.checkpoint import StopFlag, Stopped, load_run_checkpoint, save_run_checkpoint
 from cluster_fl.engine.rundir import (RESUME_TOLERATED, RunLock, append_text, clean_temp_files,
                                       git_commit, is_done, make_folder, read_status, run_dir,
                                       write_config, write_json, write_status)
@@ -238,7 +238,7 @@ def _train(cfg: Config, comm: Any, folder: Path, log: Log, stop: StopFlag,
     state = world.initial_state
     rows: list[dict] = []
     start_round = 1
-    ckpt = load_checkpoint(folder)
+    ckpt = load_run_checkpoint(folder)
     if ckpt is not None:  # checkpoints hold host tensors; the state lives on the model's device
         state = {k: v.to(world.placement.device) for k, v in ckpt["state"].items()}
         world.server.load_state_dict(ckpt["server"])
@@ -275,7 +275,7 @@ def _train(cfg: Config, comm: Any, folder: Path, log: Log, stop: StopFlag,
         if main:
             write_rows(folder / "rounds.parquet", rows)
             if r % cfg.run.checkpoint_every == 0 or r == rounds or stop_now:
-                save_checkpoint(folder, {
+                save_run_checkpoint(folder, {
                     "round": r, "state": {k: v.cpu() for k, v in state.items()},
                     "server": world.server.state_dict(),
                     "policy": world.policy_state(), "ledger": world.ledger.state_dict(),

@@ -10,13 +10,9 @@ from typing import Any, Sequence
 
 import torch
 
+from cluster_fl.data.vocab import normalize_text  # one normalisation for transcripts and WER
 from cluster_fl.eval.metrics import error_counts, summarize
 from cluster_fl.models.speech_llm import SpeechLLM, collate, greedy_decode
-
-try:  # one normalisation for corpus transcripts and WER (the data package owns it)
-    from cluster_fl.data.vocab import normalize_text
-except ImportError:  # pragma: no cover - data package absent
-    from cluster_fl.models.tokenizer import normalize_text
 
 EVAL_COLUMNS = ("utt_id", "speaker", "language", "ref", "hyp", "word_errors", "ref_words",
                 "char_errors", "ref_chars")

@@ -16,12 +16,12 @@ from cluster_fl.models.lora import (apply_lora, describe_groups, get_trainable, 
                                     trainable_groups, trainable_parameters)
 from cluster_fl.models.registry import REGISTRY, ArchSpec, get_arch
 from cluster_fl.models.speech_llm import Batch, SpeechLLM, as_batch, collate, greedy_decode
-from cluster_fl.models.tokenizer import CharTokenizer, load_tokenizer, normalize_text
+from cluster_fl.models.tokenizer import CharTokenizer, load_tokenizer, fold_case_and_spaces
 
 __all__ = [
     "REGISTRY", "ArchSpec", "Batch", "CharTokenizer", "SpeechLLM", "apply_lora", "as_batch",
     "build_base", "build_model", "build_skeleton", "collate", "describe_groups", "get_arch",
-    "get_trainable", "greedy_decode", "load_checkpoint", "load_tokenizer", "normalize_text",
+    "get_trainable", "greedy_decode", "load_checkpoint", "load_tokenizer", "fold_case_and_spaces",
     "read_meta", "save_checkpoint", "set_trainable", "trainable_groups",
     "trainable_parameters",
 ]

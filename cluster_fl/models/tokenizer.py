@@ -34,8 +34,10 @@ class Tokenizer(Protocol):
     def save(self, path: str | Path) -> None: ...
 
 
-def normalize_text(text: str) -> str:
-    """Lower-case and collapse whitespace: the form transcripts are trained and scored in."""
+def fold_case_and_spaces(text: str) -> str:
+    """Lower-case and collapse whitespace before tokenising (and after decoding). Transcripts
+    arrive normalised already (``cluster_fl.data.vocab.normalize_text``, which WER scoring uses
+    too); this only keeps arbitrary text within the tokenizer's symbols."""
     return " ".join(text.lower().split())
 
 
@@ -61,7 +63,7 @@ class CharTokenizer:
 
     def encode(self, text: str) -> list[int]:
         """Ids of the normalized text's characters (unknown characters map to ``<unk>``)."""
-        return [self._index.get(ch, self.unk_id) for ch in normalize_text(text)]
+        return [self._index.get(ch, self.unk_id) for ch in fold_case_and_spaces(text)]
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ``ids``, skipping special tokens."""
@@ -70,7 +72,7 @@ class CharTokenizer:
             s = self.symbols[int(i)] if 0 <= int(i) < len(self.symbols) else ""
             if not (s.startswith("<") and s.endswith(">") and len(s) > 1):
                 out.append(s)
-        return normalize_text("".join(out))
+        return fold_case_and_spaces("".join(out))
 
     def prompt_ids(self, language: str | None) -> list[int]:
         """The text prompt after the audio: bos and, when known, the language token."""
@@ -107,10 +109,10 @@ class HFTokenizer:
         return len(self.inner)
 
     def encode(self, text: str) -> list[int]:
-        return list(self.inner.encode(" " + normalize_text(text), add_special_tokens=False))
+        return list(self.inner.encode(" " + fold_case_and_spaces(text), add_special_tokens=False))
 
     def decode(self, ids: Sequence[int]) -> str:
-        return normalize_text(self.inner.decode(list(ids), skip_special_tokens=True))
+        return fold_case_and_spaces(self.inner.decode(list(ids), skip_special_tokens=True))
 
     def prompt_ids(self, language: str | None) -> list[int]:
         prompt = f"Transcribe ({language}):" if language else "Transcribe:"

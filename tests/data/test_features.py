@@ -1,4 +1,4 @@
-"""Log-mel features: Whisper parity, on-disk cache, collate."""
+"""Log-mel features: Whisper parity, on-disk cache, padded batches."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from cluster_fl.data.features import FeatureStore, collate, log_mel
+from cluster_fl.data.features import FeatureStore, log_mel, pad_examples
 from cluster_fl.data.mls import load_utterances, partition_clients
 
 torch.set_num_threads(1)
@@ -57,9 +57,9 @@ def test_client_examples_carry_labels_and_features_grow_with_audio(tiny_corpus, 
         assert e.features.shape[1] == int(u.duration * 16000) // 160
 
 
-def test_collate_pads_and_reports_lengths(tiny_corpus, tmp_path):
+def test_pad_examples_pads_and_reports_lengths(tiny_corpus, tmp_path):
     examples = FeatureStore(tiny_corpus, tmp_path).split("test", ["en"])[:4]
-    batch = collate(examples)
+    batch = pad_examples(examples)
     lengths = [e.features.shape[1] for e in examples]
     assert batch["features"].shape == (4, 80, max(lengths))
     assert batch["features"].dtype == torch.float32
@@ -69,4 +69,4 @@ def test_collate_pads_and_reports_lengths(tiny_corpus, tmp_path):
     assert torch.all(batch["features"][i, :, lengths[i]:] == examples[i].features.float().min())
     assert batch["transcripts"] == [e.transcript for e in examples]
     with pytest.raises(ValueError):
-        collate([])
+        pad_examples([])

@@ -54,10 +54,10 @@ def tiny_config(corpus: Path, out: Path, *extra: str) -> Config:
 
 def read_run(folder: Path) -> dict[str, Any]:
     """Final trainable state (checkpoint) and round rows without ``wall_s`` from a run folder."""
-    from cluster_fl.engine.checkpoint import load_checkpoint
+    from cluster_fl.engine.checkpoint import load_run_checkpoint
     from cluster_fl.engine.metrics import read_rows
 
-    ckpt = load_checkpoint(folder)
+    ckpt = load_run_checkpoint(folder)
     assert ckpt is not None, f"no checkpoint in {folder}"
     rows = [{k: v for k, v in r.items() if k != "wall_s"}
             for r in read_rows(Path(folder) / "rounds.parquet")]
@@ -187,9 +187,9 @@ def preempt_rank0_worker(comm: Any, overrides: list[str], stop_after: int) -> di
         run_training(load_config(None, overrides), comm)
         return {"end": "finished"}
     except Preempted as exc:
-        from cluster_fl.engine.checkpoint import load_checkpoint
+        from cluster_fl.engine.checkpoint import load_run_checkpoint
 
-        ckpt = load_checkpoint(exc.folder)
+        ckpt = load_run_checkpoint(exc.folder)
         return {"end": "preempted", "checkpoint_round": ckpt["round"] if ckpt else None}
     finally:
         round_mod.RoundEngine.run_round = original

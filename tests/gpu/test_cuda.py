@@ -34,7 +34,7 @@ def _train(tiny_corpus: Path, out: Path, device: str, torchrun: bool) -> Path:
 
 
 def test_tiny_model_on_cuda_in_bf16_makes_the_cpu_runs_clip_decisions(tiny_corpus, tmp_path):
-    from cluster_fl.engine.checkpoint import load_checkpoint
+    from cluster_fl.engine.checkpoint import load_run_checkpoint
     from cluster_fl.engine.metrics import read_rows
 
     gpu = _train(tiny_corpus, tmp_path / "gpu", "cuda", torchrun=True)
@@ -45,6 +45,6 @@ def test_tiny_model_on_cuda_in_bf16_makes_the_cpu_runs_clip_decisions(tiny_corpu
         assert a["n_cohort"] == b["n_cohort"]
         for key in [k for k in a if k.startswith("clip_rate")]:
             assert a[key] == b[key], (a["round"], key)
-    state = load_checkpoint(gpu)["state"]
+    state = load_run_checkpoint(gpu)["state"]
     assert all(v.dtype == torch.float32 and v.device.type == "cpu" for v in state.values())
     assert "cuda" in (gpu / "log.txt").read_text()

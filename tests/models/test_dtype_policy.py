@@ -88,7 +88,7 @@ def test_activation_checkpointing_gives_the_same_gradients(batch):
 
 
 def test_a_round_trains_from_a_half_precision_checkpoint(checkpoints, tiny_corpus, tmp_path):
-    from cluster_fl.engine.checkpoint import load_checkpoint
+    from cluster_fl.engine.checkpoint import load_run_checkpoint
     from cluster_fl.engine.metrics import read_rows
     from cluster_fl.engine.train import run_training
 
@@ -103,6 +103,6 @@ def test_a_round_trains_from_a_half_precision_checkpoint(checkpoints, tiny_corpu
     folder = run_training(cfg)
     row = read_rows(folder / "rounds.parquet")[0]
     assert row["n_cohort"] >= 1 and torch.isfinite(torch.tensor(row["loss"]))
-    state = load_checkpoint(folder)["state"]
+    state = load_run_checkpoint(folder)["state"]
     assert state and all(v.dtype == torch.float32 for v in state.values())
     assert (folder / "final.parquet").is_file()

@@ -153,14 +153,14 @@ def test_padded_batch_matches_each_utterance_alone(utterances):
 
 
 def test_data_package_batches_are_accepted_as_they_come(utterances):
-    from cluster_fl.data import collate as data_collate
+    from cluster_fl.data import pad_examples
 
     torch.manual_seed(0)
     model = build_model(ModelConfig()).eval()
     items = utterances[:3]
     ours = collate([u.features for u in items], [u.transcript for u in items],
                    [u.language for u in items])
-    theirs = data_collate(items)  # pads with each example's minimum, not zero
+    theirs = pad_examples(items)  # pads with each example's minimum, not zero
     with torch.no_grad():
         assert torch.allclose(model.loss(theirs)[0], model.loss(ours)[0], atol=1e-5)
     assert greedy_decode(model, theirs, 6) == greedy_decode(model, ours, 6)

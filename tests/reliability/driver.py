@@ -68,23 +68,23 @@ elif KIND == "round":
 
     round_mod.RoundEngine.run_round = run_round
 elif KIND == "renamed":
-    _save = train.save_checkpoint
+    _save = train.save_run_checkpoint
 
-    def save_checkpoint(folder, state):
+    def save_run_checkpoint(folder, state):
         path = _save(folder, state)
         if state["round"] == K:
             pause()
         return path
 
-    train.save_checkpoint = save_checkpoint
+    train.save_run_checkpoint = save_run_checkpoint
 elif KIND == "tmpwrite":
     import os
 
     _write = checkpoint.atomic_write_bytes
-    _save_ckpt = checkpoint.save_checkpoint
+    _save_ckpt = checkpoint.save_run_checkpoint
     current = {}
 
-    def save_checkpoint(folder, state):
+    def save_run_checkpoint(folder, state):
         current["round"] = state["round"]
         return _save_ckpt(folder, state)
 
@@ -98,7 +98,7 @@ elif KIND == "tmpwrite":
         return _write(path, data)
 
     checkpoint.atomic_write_bytes = atomic_write_bytes
-    train.save_checkpoint = save_checkpoint
+    train.save_run_checkpoint = save_run_checkpoint
 elif KIND == "eval":
     _decode = evaluation.ShardedEvaluation.decode
 

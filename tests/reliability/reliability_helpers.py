@@ -66,13 +66,13 @@ def result(folder: Path) -> dict[str, Any]:
     """What must be identical between an interrupted-and-resumed run and an uninterrupted one."""
     import pyarrow.parquet as pq
 
-    from cluster_fl.engine.checkpoint import load_checkpoint
+    from cluster_fl.engine.checkpoint import load_run_checkpoint
 
     def rows(name: str) -> list[dict]:
         return [{k: v for k, v in r.items() if k not in _VOLATILE}
                 for r in pq.read_table(folder / name).to_pylist()]
 
-    ckpt = load_checkpoint(folder)
+    ckpt = load_run_checkpoint(folder)
     assert ckpt is not None, f"no checkpoint in {folder}"
     final = rows("final.parquet")
     for r in final:  # the resolved config differs in run.out only

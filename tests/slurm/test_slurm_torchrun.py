@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from cluster_fl.dist import bitwise_differences
-from cluster_fl.engine.checkpoint import load_checkpoint
+from cluster_fl.engine.checkpoint import load_run_checkpoint
 from cluster_fl.engine.metrics import read_rows
 from slurm_helpers import REPO, accounting, cli, slurm, status, wait_until, write_grid
 
@@ -24,7 +24,7 @@ RUN = "whisper-tinyllama-tiny__flat__s0"
 
 def trained(folder) -> dict:
     """Final trainable state and round rows (without wall time) of a finished run folder."""
-    ckpt = load_checkpoint(folder)
+    ckpt = load_run_checkpoint(folder)
     assert ckpt is not None, f"no checkpoint in {folder}"
     rows = [{k: v for k, v in r.items() if k != "wall_s"} for r in read_rows(folder / "rounds.parquet")]
     return {"state": ckpt["state"], "rows": rows, "round": ckpt["round"]}
