@@ -252,3 +252,20 @@ def slow_rank_worker(comm: Any, overrides: list[str], sleep_s: float) -> dict[st
         return training_worker(comm, overrides)
     finally:
         client_mod.ClientRunner.train = original
+
+
+def noise_only_worker(comm: Any, overrides: list[str]) -> dict[str, Any]:
+    """:func:`training_worker` with every client's update zeroed before it is clipped: the run
+    releases the noise alone (same seed: the same noise as the trained run, round for round)."""
+    from cluster_fl.privacy.clipping import ClipPolicy
+
+    original = ClipPolicy.clip
+
+    def clip(self, update):
+        return original(self, {k: torch.zeros_like(v) for k, v in update.items()})
+
+    ClipPolicy.clip = clip
+    try:
+        return training_worker(comm, overrides)
+    finally:
+        ClipPolicy.clip = original

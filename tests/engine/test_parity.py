@@ -4,7 +4,10 @@ The tiny speech-LLM (random init, no checkpoint) trains 2 DP rounds on the sessi
 once in one process (the ``LocalComm`` fake) and once over two real gloo ranks that split each
 cohort. Because each client's randomness comes from (seed, round, client) and the secure sum is
 exact, the final trainable state (read from the run folder's checkpoint) and every round row
-(except wall time) must be identical to the last bit.
+(except wall time) must be identical to the last bit. Equality alone would also hold if no
+client's update reached the sum on either side (both would release the same noise): a third run
+with every update zeroed before clipping releases that noise alone, and the trained state must
+differ from it by what the clipped updates can move it.
 
 Preemption under several ranks: on a cluster the ranks' signals are not synchronised (one rank can
 see SIGTERM a round earlier than another), so the ranks must agree on "stop now" collectively
@@ -16,7 +19,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine_helpers import preempt_rank0_worker, tiny_overrides, training_worker
+from engine_helpers import (noise_only_worker, preempt_rank0_worker, tiny_overrides,
+                            training_worker)
 
 from cluster_fl.dist import bitwise_differences, spawn
 
@@ -35,6 +39,25 @@ def test_two_ranks_train_the_same_model_as_one_process_bit_for_bit(parity_runs):
     assert one[0]["round"] == two[0]["round"] == 2
     assert one[0]["state"], "empty trainable state"
     assert bitwise_differences(one[0]["state"], two[0]["state"]) == []
+
+
+def test_training_moved_the_state_beyond_the_shared_noise(parity_runs, tiny_corpus,
+                                                        tmp_path_factory):
+    import math
+
+    from cluster_fl.config import load_config
+
+    one, two = parity_runs
+    overrides = tiny_overrides(tiny_corpus, tmp_path_factory.mktemp("noise_only"))
+    noise = spawn(noise_only_worker, 1, overrides, use_fake=True, timeout_s=150)[0]
+    cfg = load_config(None, overrides)
+    trained = {k: v.double() for k, v in two[0]["state"].items()}
+    moved = math.sqrt(sum(float((trained[k] - v.double()).pow(2).sum())
+                          for k, v in noise["state"].items()))
+    # the server step is linear in the released mean (momentum β): what the clients contributed
+    # is at most rounds·(1+β)·C·|cohort|/n; a run whose updates never reached the sum moves 0
+    bound = 2 * (1 + cfg.aggregation.server_momentum) * cfg.privacy.clip_norm * 9 / 4
+    assert 1e-3 < moved <= bound, moved
 
 
 def test_two_ranks_record_the_same_round_metrics_as_one_process(parity_runs):

@@ -60,8 +60,32 @@ def test_table_layout_rows_arch_condition_columns_methods(tmp_path, capsys):
     assert "alpha-split α=0.05" in header
     body = [line for line in text.splitlines() if line.startswith("| voxtral |")]
     assert len(body) == 2 + 4  # 2 WER rows (frozen, unfrozen) + 4 privacy rows
-    assert "0.4472" in text  # sigma/encoder = 0.1 / sqrt(0.05)
-    assert "0.1026" in text  # sigma/decoder = 0.1 / sqrt(0.95)
+
+
+def _privacy_rows(text: str) -> list[dict[str, str]]:
+    """The privacy table of ``table --format md`` as {column: cell} rows."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| arch | condition | method"))
+    header = [c.strip() for c in lines[start].strip("|").split("|")]
+    return [dict(zip(header, (c.strip() for c in line.strip("|").split("|"))))
+            for line in lines[start + 2:] if line.startswith("|")]
+
+
+def test_privacy_columns_are_each_pools_sigma_and_epsilon_averaged_over_seeds(tmp_path, capsys):
+    # two seeds of one cell with different sigma and epsilon: the table, not the folders, must
+    # produce the means, and put each pool's sigma under its own column
+    write_run(tmp_path / "s0", method="alpha-split", seed=0, sigma=0.1, epsilon=3.0,
+              pools=("encoder", "decoder"))
+    write_run(tmp_path / "s1", method="alpha-split", seed=1, sigma=0.2, epsilon=5.0,
+              pools=("encoder", "decoder"))
+    write_run(tmp_path / "flat", method="flat", seed=0, sigma=0.3, epsilon=7.0, pools=("all",))
+    assert main(["table", str(tmp_path), "--bootstrap", "20"]) == 0
+    rows = {r["method"]: r for r in _privacy_rows(capsys.readouterr().out)}
+    split = rows["alpha-split α=0.05"]
+    assert split["σ/encoder"] == f"{(0.1 + 0.2) / 2 / math.sqrt(0.05):.4f}"  # 0.6708
+    assert split["σ/decoder"] == f"{(0.1 + 0.2) / 2 / math.sqrt(0.95):.4f}"  # 0.1539
+    assert split["σ/all"] == "—" and split["ε"] == "4.000"
+    assert rows["flat"]["σ/all"] == "0.3000" and rows["flat"]["σ/encoder"] == "—"
 
 
 @pytest.mark.parametrize("fmt, marker", [("latex", r"\toprule"), ("csv", "wer_mean,wer_std")])
