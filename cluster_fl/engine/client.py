@@ -1,17 +1,18 @@
-"""Local training of one client: from the global trainable state to its update Δ.
+"""Local training of a rank's clients: from the global trainable state to each client's update Δ.
 
 A client's randomness (batch order, dropout) comes only from (seed, round, client id), so the
 update does not depend on which rank trains it. The runner keeps one model per process -- the
-frozen base is shared by every client it trains -- and resets the trainable groups (LoRA +
-connector) to the global state before each client. ``train_cohort`` is the seam for training
-several clients in one batched step later (shared frozen base, per-client LoRA); today it loops.
+frozen base is shared by every client it trains. ``fl.clients_per_step`` = 1: clients train one
+after another, the trainable groups (LoRA + connector) reset to the global state before each.
+K > 1: :meth:`ClientRunner.train_cohort` trains blocks of K clients in one batched step each
+(:mod:`cluster_fl.engine.batched`); the blocks are formed by :func:`cluster_fl.engine.cohort.blocks`.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import math
+import os
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
@@ -19,27 +20,62 @@ import torch
 
 from cluster_fl.config import ClientConfig, FLConfig
 from cluster_fl.dist.parallelize import LaneLayout, Placement
+from cluster_fl.engine.batched import local_steps, lr_at, train_block
 from cluster_fl.groups import GroupSpec
 from cluster_fl.seeding import derive_seed, generator
 
-Batch = Mapping[str, torch.Tensor]
+TensorBatch = Mapping[str, object]  # features, lengths, texts, languages (one padded batch)
 # (utterances, batch_size, generator) -> iterator over batches, one pass over the data
-BatchFn = Callable[[Sequence[object], int, torch.Generator], Iterator[Batch]]
+BatchFn = Callable[[Sequence[object], int, torch.Generator], Iterator[TensorBatch]]
 
 
 _LIBC = ctypes.CDLL(ctypes.util.find_library("c")) if ctypes.util.find_library("c") else None
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 def release_memory() -> None:
-    """Hand freed heap back to the OS after a client (glibc ``malloc_trim``).
-
-    Each client allocates and frees batches, activations and optimiser state; without a trim,
-    glibc's arenas fragment and the resident set creeps up with the number of clients trained
-    (bench/engine_bench.py memory: 100 vs 10 clients per round 1.13x without, 1.04x with).
-    """
+    """Hand freed heap back to the OS (glibc ``malloc_trim``)."""
     trim = getattr(_LIBC, "malloc_trim", None)
     if trim is not None:
         trim(0)
+
+
+def resident_bytes() -> int:
+    """This process's resident set size now (Linux /proc; 0 where unavailable)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+class HeapTrimmer:
+    """Trims the heap after a client only once the resident set has grown past a bound.
+
+    Each client allocates and frees batches, activations and optimiser state; without any trim,
+    glibc's arenas fragment and the resident set creeps up with the number of clients trained.
+    Trimming after every client kept it flat but cost ~10% of a round (the freed pages are
+    faulted back in by the next client). Here the resident set is read after each client (one
+    small /proc read) and the heap trimmed only when it exceeds the level after the last trim by
+    ``max(min_bytes, fraction x that level)``.
+    """
+
+    def __init__(self, fraction: float = 0.02, min_bytes: int = 32 << 20):
+        self.fraction = fraction
+        self.min_bytes = min_bytes
+        self.floor = 0
+        self.trims = 0
+
+    def after_client(self) -> None:
+        rss = resident_bytes()
+        if not rss:
+            return
+        if not self.floor:
+            self.floor = rss
+        if rss > self.floor + max(self.min_bytes, self.fraction * self.floor):
+            release_memory()
+            self.trims += 1
+            self.floor = resident_bytes() or rss
 
 
 @dataclass
@@ -51,15 +87,6 @@ class ClientUpdate:
     n_samples: int
     loss: float
     steps: int
-
-
-def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
-    """Linear warm-up to ``peak`` then cosine decay to 0 at ``total`` steps."""
-    if warmup > 0 and step < warmup:
-        return peak * (step + 1) / warmup
-    span = max(1, total - warmup)
-    progress = min(1.0, (step - warmup) / span)
-    return peak * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
 class ClientRunner:
@@ -80,9 +107,14 @@ class ClientRunner:
         self.seed = seed
         mult = {"encoder": client.lr_encoder_mult, "connector": client.lr_connector_mult,
                 "decoder": client.lr_decoder_mult}
+        self._mult = {g.name: mult.get(g.component, 1.0) for g in self.groups}
         self._param_groups: dict[float, list[str]] = {}
         for g in self.groups:
-            self._param_groups.setdefault(mult.get(g.component, 1.0), []).append(g.name)
+            self._param_groups.setdefault(self._mult[g.name], []).append(g.name)
+
+    def lr_mult(self, name: str) -> float:
+        """The client learning-rate multiplier of group ``name`` (0 freezes it)."""
+        return self._mult.get(name, 1.0)
 
     def _optimizer(self) -> torch.optim.Optimizer:
         groups = [{"params": [self.params[n] for n in names], "lr_mult": m}
@@ -104,10 +136,8 @@ class ClientRunner:
         self.load_global(global_state)
         torch.manual_seed(derive_seed(self.seed, "client-torch", round_, client))  # dropout
         g = generator(self.seed, "client-batches", round_, client)
-        per_epoch = math.ceil(len(utterances) / self.fl.batch_size)
-        total = self.fl.local_epochs * per_epoch
-        if self.fl.max_local_steps:
-            total = min(total, self.fl.max_local_steps)
+        total = local_steps(len(utterances), self.fl.batch_size, self.fl.local_epochs,
+                            self.fl.max_local_steps)
         opt = self._optimizer()
         self.model.train()
         step, loss_sum, loss_n = 0, 0.0, 0
@@ -136,6 +166,18 @@ class ClientRunner:
 
     def train_cohort(self, clients: Iterable[tuple[int, Sequence[object]]],
                      global_state: Mapping[str, torch.Tensor], round_: int) -> Iterator[ClientUpdate]:
-        """Train clients one by one, yielding each update as soon as it exists (streaming)."""
-        for client, utterances in clients:
-            yield self.train(client, utterances, global_state, round_)
+        """Train one block of clients, yielding each update in the block's order.
+
+        One client (or ``fl.clients_per_step`` = 1): :meth:`train`. Several: one batched step per
+        local step for all of them (:func:`cluster_fl.engine.batched.train_block`)."""
+        block = list(clients)
+        if len(block) == 1:
+            yield self.train(block[0][0], block[0][1], global_state, round_)
+            return
+        if self.placement.sharded:
+            raise ValueError("fl.clients_per_step > 1 needs model.shard: none (a lane of G ranks "
+                             "trains one client at a time)")
+        result = train_block(self, block, global_state, round_)
+        for j, (client, utterances) in enumerate(block):
+            yield ClientUpdate(client=client, delta=result.deltas[j], n_samples=len(utterances),
+                               loss=result.losses[j], steps=result.steps[j])

@@ -1,8 +1,9 @@
 """Who trains in a round, and on which rank.
 
-The cohort is sampled from (seed, round) alone, and the shard assignment is a pure function of the
-cohort and the clients' data sizes, so every rank computes the same cohort and the same split
-without talking to the others. The aggregation denominator is public: the cohort size for fixed
+The cohort is sampled from (seed, round) alone, and the blocks (clients trained together,
+``fl.clients_per_step``) and their assignment to lanes are pure functions of the cohort and the
+clients' data sizes, so every rank computes the same cohort, blocks and split without talking to
+the others -- and a block trains the same on any rank, which keeps 1 vs N ranks bitwise equal. The aggregation denominator is public: the cohort size for fixed
 sampling and the expected size q·N for Poisson sampling -- never the realised count.
 """
 
@@ -60,3 +61,32 @@ def shard(cohort: Sequence[int], sizes: Sequence[int], world_size: int) -> list[
         shards[rank].append(client)
         loads[rank] += max(1, sizes[client])
     return [sorted(s) for s in shards]
+
+
+def blocks(cohort: Sequence[int], sizes: Sequence[int], per_block: int) -> list[list[int]]:
+    """The cohort as blocks of ``per_block`` clients trained in one batched step each.
+
+    Clients are ordered by (data size, index) before they are cut into blocks, so a block's
+    clients take similar numbers of local steps and pad to similar lengths (a client whose
+    batches end early idles for the rest of its block). ``per_block`` = 1: one block a client.
+    """
+    if per_block < 1:
+        raise ValueError("per_block must be >= 1")
+    order = sorted(cohort, key=lambda c: (sizes[c], c))
+    return [order[i:i + per_block] for i in range(0, len(order), per_block)]
+
+
+def shard_blocks(blocks_: Sequence[Sequence[int]], sizes: Sequence[int],
+                 lanes: int) -> list[list[list[int]]]:
+    """Split blocks over lanes balancing total data size, like :func:`shard` does clients.
+
+    Blocks of one client give exactly :func:`shard`'s split. Each lane's blocks are in the order
+    of their first client."""
+    loads = [0] * lanes
+    out: list[list[list[int]]] = [[] for _ in range(lanes)]
+    weight = {tuple(b): sum(max(1, sizes[c]) for c in b) for b in blocks_}
+    for b in sorted(blocks_, key=lambda b: (-sum(sizes[c] for c in b), min(b))):
+        lane = min(range(lanes), key=lambda r: (loads[r], r))
+        out[lane].append(list(b))
+        loads[lane] += weight[tuple(b)]
+    return [sorted(lane_blocks, key=min) for lane_blocks in out]

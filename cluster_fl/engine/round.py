@@ -1,8 +1,9 @@
 """One federated round, distributed: cohort → local training → clip → secure sum → noise once → apply.
 
 Every rank runs :meth:`RoundEngine.run_round` with the same global state. A rank trains its shard
-of the cohort one client at a time, clips each update with the run's policy and adds it to a
-streaming fixed-point sum (memory does not grow with the cohort). One secure-sum all-reduce
+of the cohort block by block (``fl.clients_per_step`` clients a block, one batched step for them
+all), clips each client's update with the run's policy and adds it to a streaming fixed-point sum
+(memory does not grow with the cohort). One secure-sum all-reduce
 releases the exact sum of the clipped updates, of the adaptive-clipping statistics and of the
 diagnostic vectors; rank 0 alone draws the Gaussian noise and broadcasts the noised values, which
 every rank then applies identically. Privacy code never sees ranks; this file never clips.
@@ -18,12 +19,16 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from cluster_fl.config import Config
+from cluster_fl.dist.comm import Comm
 from cluster_fl.dist.parallelize import LaneLayout
 from cluster_fl.engine import cohort as cohort_mod
-from cluster_fl.engine.client import ClientRunner, ClientUpdate, release_memory
-from cluster_fl.privacy.diagnostics import Diagnostics
+from cluster_fl.engine.client import ClientRunner, ClientUpdate, HeapTrimmer
+from cluster_fl.engine.recorder import ChannelRecorder
 from cluster_fl.engine.server import ServerOptimizer
 from cluster_fl.groups import GroupSpec
+from cluster_fl.privacy.clipping import ClipPolicy
+from cluster_fl.privacy.diagnostics import Diagnostics
+from cluster_fl.privacy.noise import NoiseSource
 from cluster_fl.secure_sum import SecureSummer, mask_mode
 
 # largest coordinate of an unclipped (non-private) update the fixed-point sum accepts
@@ -61,10 +66,10 @@ class RoundOutput:
 class RoundEngine:
     """Runs rounds on one rank. Holds no client data beyond the current client."""
 
-    def __init__(self, cfg: Config, comm: Any, runner: ClientRunner, groups: Sequence[GroupSpec],
-                 clients: Sequence[ClientData], policy: Any, noise: Any,
-                 server: ServerOptimizer, recorder: Any = None, layout: LaneLayout | None = None,
-                 device: torch.device | str = "cpu"):
+    def __init__(self, cfg: Config, comm: Comm, runner: ClientRunner, groups: Sequence[GroupSpec],
+                 clients: Sequence[ClientData], policy: ClipPolicy | None, noise: NoiseSource,
+                 server: ServerOptimizer, recorder: ChannelRecorder | None = None,
+                 layout: LaneLayout | None = None, device: torch.device | str = "cpu"):
         self.cfg = cfg
         self.comm = comm
         # client lanes: world/G lanes of G ranks; the cohort is sharded over lanes, and a lane's
@@ -81,6 +86,7 @@ class RoundEngine:
         self.summer = self._make_summer()  # streaming fixed-point sum; reset by every reduce
         self.server = server
         self.recorder = recorder
+        self.trimmer = HeapTrimmer()  # trims the heap only when the resident set has grown
 
     def _make_summer(self) -> SecureSummer:
         """One buffer for the update groups, the adaptive statistic, diagnostics and weights."""
@@ -110,13 +116,16 @@ class RoundEngine:
     def population(self) -> int:
         return len(self.clients)
 
-    def cohort(self, round_: int) -> tuple[list[int], list[int]]:
-        """(whole cohort, this rank's lane's shard): lanes, not ranks, are balanced."""
+    def cohort(self, round_: int) -> tuple[list[int], list[list[int]]]:
+        """(whole cohort, this rank's lane's blocks): the cohort is cut into blocks of
+        ``fl.clients_per_step`` clients trained together, and blocks, not ranks or clients, are
+        balanced over lanes."""
         fl = self.cfg.fl
         members = cohort_mod.sample_cohort(self.cfg.run.seed, round_, self.population,
                                            fl.clients_per_round, fl.sampling)
-        shards = cohort_mod.shard(members, [c.size for c in self.clients], self.layout.lanes)
-        return members, shards[self.layout.lane]
+        sizes = [c.size for c in self.clients]
+        blocks = cohort_mod.blocks(members, sizes, fl.clients_per_step)
+        return members, cohort_mod.shard_blocks(blocks, sizes, self.layout.lanes)[self.layout.lane]
 
     def _weight(self, n_samples: int) -> float:
         agg = self.cfg.aggregation
@@ -134,28 +143,17 @@ class RoundEngine:
         stat_size = self.policy.statistic_size if self.private else 0
         # a lane's members train each client together; its leader speaks for the lane
         contribute = summer.add if self.layout.leader else (lambda values: None)
-        for index in mine:
-            client = self.clients[index]
-            items = client.load()
-            if not items:  # no usable audio (none, or every row corrupt): skipped, counted
-                contribute({"diag": self.diag.skipped()})
-                continue
-            upd: ClientUpdate = self.runner.train(index, items, state, round_)
-            res = (self.policy.clip(upd.delta) if self.private
-                   else self.diag.measure(upd.delta, NONPRIVATE_BOUND))
-            w = 0.0 if res.nonfinite else self._weight(upd.n_samples)
-            values = {k: (v * w if w != 1.0 else v) for k, v in res.update.items()}
-            if stat_size:
-                b = self._stat_bound()
-                values["stat"] = self.policy.statistic(res).to(torch.float64).clamp(-b, b)
-            values["diag"] = self.diag.client_vector(res, upd.loss)
-            if not self.private:
-                values["weight"] = torch.tensor([w], dtype=torch.float64)
-            contribute(values)
-            if self.recorder is not None and self.layout.leader:
-                self.recorder.upload(round_, client, res, upd)
-            del upd, res, values
-            release_memory()
+        for block in mine:
+            loaded = [(index, self.clients[index].load()) for index in block]
+            for index, items in loaded:
+                if not items:  # no usable audio (none, or every row corrupt): skipped, counted
+                    contribute({"diag": self.diag.skipped()})
+            usable = [(index, items) for index, items in loaded if items]
+            for upd in (self.runner.train_cohort(usable, state, round_) if usable else ()):
+                self._contribute(round_, upd, contribute)
+                del upd
+                self.trimmer.after_client()
+            del loaded, usable
         record = self.recorder is not None
         total = summer.reduce(self.comm, round_, record=record)
         empty = self._empty(total["diag"])
@@ -178,6 +176,23 @@ class RoundEngine:
         row.update(round=round_, n_cohort=len(members), denominator=denom, empty=int(empty),
                    wall_s=time.perf_counter() - t0)
         return RoundOutput(state=new_state, row=row)
+
+    def _contribute(self, round_: int, upd: ClientUpdate, contribute) -> None:
+        """Clip one client's update (DP) and add it, its statistic and diagnostics to the sum."""
+        client = self.clients[upd.client]
+        res = (self.policy.clip(upd.delta) if self.private
+               else self.diag.measure(upd.delta, NONPRIVATE_BOUND))
+        w = 0.0 if res.nonfinite else self._weight(upd.n_samples)
+        values = {k: (v * w if w != 1.0 else v) for k, v in res.update.items()}
+        if self.private and self.policy.statistic_size:
+            b = self._stat_bound()
+            values["stat"] = self.policy.statistic(res).to(torch.float64).clamp(-b, b)
+        values["diag"] = self.diag.client_vector(res, upd.loss)
+        if not self.private:
+            values["weight"] = torch.tensor([w], dtype=torch.float64)
+        contribute(values)
+        if self.recorder is not None and self.layout.leader:
+            self.recorder.upload(round_, client, res, upd)
 
     def _empty(self, diag: torch.Tensor) -> bool:
         """True when no client's update entered the sum (none sampled, every one non-finite or

@@ -13,6 +13,9 @@ given architecture and config.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from typing import Iterator, Mapping, Sequence
+
 import torch
 from torch import nn
 
@@ -94,3 +97,87 @@ def describe_groups(model_cfg: ModelConfig) -> list[GroupSpec]:
     from cluster_fl.models.build import build_skeleton
 
     return trainable_groups(apply_lora(build_skeleton(model_cfg), model_cfg))
+
+
+# ---- several learners in one forward ------------------------------------------------------------
+
+class _PerLearner(nn.Module):
+    """Runs a module once per learner on that learner's contiguous rows, with its own weights."""
+
+    def __init__(self, inner: nn.Module, stacks: Mapping[str, torch.Tensor], splits: Sequence[int]):
+        super().__init__()
+        self.inner = inner
+        self.stacks = dict(stacks)  # local parameter name -> (K, *shape)
+        self.splits = list(splits)
+        self.stack = getattr(inner, "stack", None)  # the connector's frame stacking
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        outs, start = [], 0
+        for k, n in enumerate(self.splits):
+            if n:
+                weights = {name: t[k] for name, t in self.stacks.items()}
+                outs.append(torch.func.functional_call(self.inner, weights, (x[start:start + n],)))
+            start += n
+        return torch.cat(outs)
+
+
+def _lora_hook(a: torch.Tensor, b: torch.Tensor, row: torch.Tensor, scaling: float,
+               dropout: nn.Module):
+    """Forward hook adding row i's learner's LoRA term to the (adapter-disabled) base output."""
+
+    def hook(module: nn.Module, args: tuple, out: torch.Tensor) -> torch.Tensor:
+        x = dropout(args[0].to(a.dtype))
+        shape = x.shape
+        x = x.reshape(shape[0], -1, shape[-1])  # (rows, positions, in)
+        a_rows, b_rows = a.index_select(0, row), b.index_select(0, row)  # (rows, r, in), (rows, out, r)
+        delta = torch.bmm(torch.bmm(x, a_rows.transpose(1, 2)), b_rows.transpose(1, 2)) * scaling
+        return out + delta.reshape(*shape[:-1], delta.shape[-1]).to(out.dtype)
+
+    return hook
+
+
+@contextmanager
+def stacked_trainables(model: nn.Module, stacks: Mapping[str, torch.Tensor],
+                       splits: Sequence[int]) -> Iterator[None]:
+    """Within the block, the model runs K learners at once on one batch.
+
+    ``stacks`` maps every trainable group name to a ``(K, *shape)`` tensor (learner k's LoRA A/B
+    and connector weights at index k); ``splits[k]`` is how many consecutive batch rows belong to
+    learner k. Every LoRA layer adds ``B_k A_k x`` to row x of learner k (one batched matmul over
+    rows, gathering each row's learner), and the connector runs once per learner with that
+    learner's weights (:func:`torch.func.functional_call`). The frozen base is shared; gradients
+    land in the stacks only. The model's own trainable parameters are not used (adapters are
+    disabled and the connector swapped out for the duration) and are restored on exit.
+    """
+    from peft.tuners.lora import LoraLayer
+
+    params = dict(_trainable_params(model))
+    missing = set(params) - set(stacks)
+    if missing:
+        raise KeyError(f"stacked_trainables: no stack for {sorted(missing)[:3]}")
+    device = next(iter(stacks.values())).device
+    row = torch.repeat_interleave(torch.arange(len(splits), device=device),
+                                  torch.tensor(list(splits), device=device))
+    grads = {name: p.requires_grad for name, p in params.items()}
+    handles, layers = [], []
+    connector = model.connector
+    try:
+        for name, module in model.named_modules():
+            if not isinstance(module, LoraLayer) or _ADAPTER not in module.lora_A:
+                continue
+            module.enable_adapters(False)  # the base output only; the hook adds each row's term
+            layers.append(module)
+            hook = _lora_hook(stacks[f"{name}.lora_A"], stacks[f"{name}.lora_B"], row,
+                              module.scaling[_ADAPTER], module.lora_dropout[_ADAPTER])
+            handles.append(module.register_forward_hook(hook))
+        local = {n[len("connector."):]: t for n, t in stacks.items() if n.startswith("connector.")}
+        model.connector = _PerLearner(connector, local, splits)
+        yield
+    finally:
+        model.connector = connector
+        for h in handles:
+            h.remove()
+        for module in layers:
+            module.enable_adapters(True)
+        for name, p in params.items():
+            p.requires_grad_(grads[name])

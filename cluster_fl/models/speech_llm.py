@@ -172,6 +172,28 @@ class SpeechLLM(nn.Module):
              ) -> tuple[torch.Tensor, int]:
         """Mean cross-entropy over transcript tokens (+ ``ctc_weight`` x CTC) and the token count."""
         batch = as_batch(batch)
+        logits, tgt, keep, states, enc_len = self._transcript_logits(batch)
+        n_tokens = int(keep.sum())
+        loss = nn.functional.cross_entropy(logits.float(), tgt[keep], reduction="mean")
+        if ctc_weight > 0.0 and self.ctc_head is not None:
+            loss = loss + ctc_weight * self._ctc_loss(states, enc_len, batch.texts)
+        return loss, n_tokens
+
+    def row_losses(self, batch: Batch | Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-utterance sums of transcript-token cross-entropy ``(B,)`` and token counts ``(B,)``.
+
+        For batches whose rows belong to different learners (several clients in one step): each
+        learner's mean loss is its rows' sum over its rows' count."""
+        batch = as_batch(batch)
+        logits, tgt, keep, _, _ = self._transcript_logits(batch)
+        token = nn.functional.cross_entropy(logits.float(), tgt[keep], reduction="none")
+        rows = keep.nonzero()[:, 0]
+        b = keep.shape[0]
+        sums = torch.zeros(b, dtype=token.dtype, device=token.device).index_add(0, rows, token)
+        return sums, keep.sum(dim=1)
+
+    def _transcript_logits(self, batch: Batch) -> tuple[torch.Tensor, ...]:
+        """LM-head logits on the transcript positions, the targets, their mask, encoder output."""
         dev = self.device
         audio, n_audio, states, enc_len = self.audio_embeddings(
             batch.features.to(dev), batch.lengths.to(dev))
@@ -181,12 +203,7 @@ class SpeechLLM(nn.Module):
         hidden = self.decoder.model(inputs_embeds=emb, attention_mask=attn,
                                     use_cache=False).last_hidden_state
         keep = tgt != IGNORE  # the LM head runs on transcript positions only
-        logits = self.decoder.lm_head(hidden[keep])
-        n_tokens = int(keep.sum())
-        loss = nn.functional.cross_entropy(logits.float(), tgt[keep], reduction="mean")
-        if ctc_weight > 0.0 and self.ctc_head is not None:
-            loss = loss + ctc_weight * self._ctc_loss(states, enc_len, batch.texts)
-        return loss, n_tokens
+        return self.decoder.lm_head(hidden[keep]), tgt, keep, states, enc_len
 
     def ctc_loss(self, batch: Batch | Mapping[str, Any]) -> torch.Tensor:
         """The auxiliary CTC loss alone: runs only the encoder and the CTC head."""

@@ -79,6 +79,10 @@ class FakeRunner:
         return ClientUpdate(client=client, delta=delta, n_samples=len(utterances), loss=1.0,
                             steps=1)
 
+    def train_cohort(self, clients, global_state: Any, round_: int):
+        for client, utterances in clients:
+            yield self.train(client, utterances, global_state, round_)
+
 
 def fake_clients(n: int) -> list[ClientData]:
     return [ClientData(index=i, client_id=f"c{i}", speaker=f"s{i}", language="en",

@@ -1,0 +1,181 @@
+"""Several clients in one step: K clients of a block train together over one frozen base.
+
+Each client keeps what it has when trained alone -- its own LoRA and connector weights (stacked
+on a client axis, index k = the block's k-th client), its own AdamW moments and step count, its
+own learning-rate schedule and number of local steps, its own batch order from (seed, round,
+client) -- while the forward and backward run once for the block: the block's batches are
+concatenated row-wise (client k's rows contiguous), every LoRA layer adds row i's client's term
+(:func:`cluster_fl.models.lora.stacked_trainables`) and the loss is the sum over clients of each
+client's mean token loss, so client k's gradient is exactly the gradient of its own loss. A
+client with fewer batches leaves the step when its batches end; from then on its weights, moments
+and step count do not move.
+
+Equal to training the clients one by one up to floating-point rounding: the same operations
+run on differently shaped matrices (more rows, padding to the block's longest utterance), so
+sums are accumulated in another order (tests/engine/test_batched.py states the tolerance).
+Dropout, when configured, draws from (seed, round, block) rather than per client.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Iterator, Mapping, Sequence
+
+import torch
+
+from cluster_fl.models.lora import stacked_trainables
+from cluster_fl.seeding import derive_seed, generator
+
+_BETAS = (0.9, 0.999)  # torch.optim.AdamW's defaults, as the one-client path uses
+_EPS = 1e-8
+
+
+def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
+    """Linear warm-up to ``peak`` then cosine decay to 0 at ``total`` steps."""
+    if warmup > 0 and step < warmup:
+        return peak * (step + 1) / warmup
+    span = max(1, total - warmup)
+    progress = min(1.0, (step - warmup) / span)
+    return peak * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def local_steps(n_items: int, batch_size: int, local_epochs: int, max_local_steps: int) -> int:
+    """Optimiser steps a client with ``n_items`` examples takes in a round."""
+    total = local_epochs * math.ceil(n_items / batch_size)
+    return min(total, max_local_steps) if max_local_steps else total
+
+
+def batch_stream(make_batches, items: Sequence[object], batch_size: int, total: int,
+                 g: torch.Generator) -> Iterator[Any]:
+    """The client's batches in the order the one-client loop draws them (passes until ``total``)."""
+    step = 0
+    while step < total:
+        for batch in make_batches(items, batch_size, g):
+            if step >= total:
+                return
+            yield batch
+            step += 1
+
+
+def concat_batches(batches: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Row-wise concatenation of padded batches (features zero-padded to the longest)."""
+    feats = [b["features"] for b in batches]
+    t_max = max(f.shape[-1] for f in feats)
+    feats = [torch.nn.functional.pad(f, (0, t_max - f.shape[-1])) for f in feats]
+    return {"features": torch.cat(feats), "lengths": torch.cat([b["lengths"] for b in batches]),
+            "texts": [t for b in batches for t in b["texts"]],
+            "languages": [x for b in batches for x in b["languages"]]}
+
+
+@dataclass
+class BlockResult:
+    """Per client of the block: Δ over the trainable groups, mean loss, steps taken."""
+
+    deltas: list[dict[str, torch.Tensor]]
+    losses: list[float]
+    steps: list[int]
+
+
+class StackedAdamW:
+    """AdamW over ``(K, ...)`` stacks with a learning rate and step count per client.
+
+    The update of client k is torch.optim.AdamW's single-tensor update with that client's
+    learning rate and step; clients not in ``active`` are left exactly as they are (no decay, no
+    moment update)."""
+
+    def __init__(self, stacks: Mapping[str, torch.Tensor], lr_mult: Mapping[str, float],
+                 weight_decay: float):
+        self.stacks = stacks
+        self.lr_mult = lr_mult
+        self.weight_decay = weight_decay
+        k = next(iter(stacks.values())).shape[0]
+        dev = next(iter(stacks.values())).device
+        self.m = {n: torch.zeros_like(t) for n, t in stacks.items() if lr_mult[n] > 0}
+        self.v = {n: torch.zeros_like(t) for n, t in stacks.items() if lr_mult[n] > 0}
+        self.t = torch.zeros(k, dtype=torch.float64, device=dev)
+
+    @torch.no_grad()
+    def step(self, lr: torch.Tensor, active: torch.Tensor) -> None:
+        b1, b2 = _BETAS
+        self.t += active.to(self.t.dtype)
+        t = self.t.clamp(min=1)
+        bc1, bc2 = 1 - b1 ** t, 1 - b2 ** t
+        for name, p in self.stacks.items():
+            if name not in self.m or p.grad is None:
+                continue
+            shape = (-1,) + (1,) * (p.dim() - 1)
+            on = active.view(shape)
+            lr_k = (lr * self.lr_mult[name]).to(p.dtype)
+            g, m, v = p.grad, self.m[name], self.v[name]
+            decayed = p * (1 - lr_k * self.weight_decay).view(shape)
+            m_new = m.lerp(g, 1 - b1)
+            v_new = v.mul(b2).addcmul(g, g, value=1 - b2)
+            step_size = (lr_k / bc1.to(p.dtype)).view(shape)
+            denom = (v_new.sqrt() / bc2.sqrt().to(p.dtype).view(shape)) + _EPS
+            p.copy_(torch.where(on, decayed - step_size * (m_new / denom), p))
+            m.copy_(torch.where(on, m_new, m))
+            v.copy_(torch.where(on, v_new, v))
+
+
+def train_block(runner: Any, block: Sequence[tuple[int, Sequence[object]]],
+                global_state: Mapping[str, torch.Tensor], round_: int) -> BlockResult:
+    """Train the block's clients together (see the module docstring); ``runner`` is the rank's
+    :class:`~cluster_fl.engine.client.ClientRunner` (model, placement, configs, schedule)."""
+    fl, ccfg, placement = runner.fl, runner.client_cfg, runner.placement
+    k = len(block)
+    dev = placement.device
+    lr_mult = {name: runner.lr_mult(name) for name in runner.params}
+    stacks = {name: global_state[name].to(device=dev, dtype=p.dtype).unsqueeze(0)
+              .repeat(k, *([1] * p.dim())).requires_grad_(lr_mult[name] > 0)
+              for name, p in runner.params.items()}
+    opt = StackedAdamW(stacks, lr_mult, ccfg.weight_decay)
+    totals = [local_steps(len(items), fl.batch_size, fl.local_epochs, fl.max_local_steps)
+              for _, items in block]
+    streams = [batch_stream(runner.make_batches, items, fl.batch_size, totals[j],
+                            generator(runner.seed, "client-batches", round_, client))
+               for j, (client, items) in enumerate(block)]
+    torch.manual_seed(derive_seed(runner.seed, "block-torch", round_, *[c for c, _ in block]))
+    loss_sum = [0.0] * k
+    steps = [0] * k
+    model = runner.model
+    model.train()
+    for s in range(max(totals, default=0)):
+        active = [j for j in range(k) if s < totals[j]]
+        parts = {j: next(streams[j]) for j in active}
+        splits = [len(parts[j]["texts"]) if j in parts else 0 for j in range(k)]
+        batch = concat_batches([parts[j] for j in active])
+        for t in stacks.values():
+            t.grad = None
+        with stacked_trainables(model, stacks, splits), placement.compute():
+            sums, tokens = model.row_losses(batch)
+            row = torch.repeat_interleave(torch.arange(k, device=sums.device),
+                                          torch.tensor(splits, device=sums.device))
+            per = torch.zeros(k, dtype=sums.dtype, device=sums.device).index_add(0, row, sums)
+            n = torch.zeros(k, dtype=sums.dtype, device=sums.device).index_add(
+                0, row, tokens.to(sums.dtype))
+            on = torch.tensor([j in parts for j in range(k)], device=sums.device)
+            losses = torch.where(on, per / n.clamp(min=1), torch.zeros_like(per))
+            losses.sum().backward()
+        if ccfg.max_grad_norm > 0:
+            _clip_per_client([t for t in stacks.values() if t.grad is not None],
+                             ccfg.max_grad_norm)
+        lr = torch.tensor([lr_at(steps[j], totals[j], fl.lr, ccfg.warmup_steps) if j in parts
+                           else 0.0 for j in range(k)], dtype=torch.float64, device=dev)
+        opt.step(lr, on.to(dev))
+        values = losses.detach().tolist()
+        for j in active:
+            loss_sum[j] += values[j]
+            steps[j] += 1
+    with torch.no_grad():
+        deltas = [{name: (stacks[name][j] - global_state[name].to(stacks[name].device)).clone()
+                   for name in stacks} for j in range(k)]
+    return BlockResult(deltas, [loss_sum[j] / max(1, steps[j]) for j in range(k)], steps)
+
+
+def _clip_per_client(stacks: Sequence[torch.Tensor], max_norm: float) -> None:
+    """torch.nn.utils.clip_grad_norm_ applied to each client's slice of the stacked gradients."""
+    norms = torch.stack([t.grad.flatten(1).norm(dim=1) for t in stacks]).norm(dim=0)
+    coef = (max_norm / (norms + 1e-6)).clamp(max=1.0)
+    for t in stacks:
+        t.grad.mul_(coef.view((-1,) + (1,) * (t.dim() - 1)))
