@@ -311,6 +311,20 @@ def _train(cfg: Config, comm: Any, folder: Path, log: Log, stop: StopFlag,
     return folder
 
 
+def evaluate_start(cfg: Config) -> tuple[dict, list[dict]]:
+    """(summary, rows) of the model a run of ``cfg`` starts from -- round 0, before any client
+    trains -- on the run's evaluation set, by the run's own evaluation (one process): the
+    baseline federated training is measured against."""
+    from cluster_fl.dist import LocalComm
+    from cluster_fl.engine import setup
+
+    comm = LocalComm()
+    setup.set_threads(cfg, comm)
+    world = setup.build_world(cfg, comm, Log(None, False))
+    summary, rows = world.evaluate(world.initial_state)
+    return summary or {}, rows or []
+
+
 def _owners(clients: Any) -> dict[str, str]:
     """utterance id -> client id, for counting skipped rows per client."""
     owner = {}

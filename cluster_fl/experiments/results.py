@@ -19,10 +19,10 @@ import pyarrow.parquet as pq
 
 from cluster_fl.errors import UserError, short_reason
 
-# Column order of the paper's tables: the non-private ceiling, flat, the six single-pool methods,
-# then the component-aware ones.
-METHOD_ORDER = ("fedavg", "flat", "uniform", "size", "uniform-ema", "size-ema", "quantile", "probe",
-                "alpha-split", "pools")
+# Column order of the paper's tables: the starting model (the demo's round 0), the non-private
+# ceiling, flat, the six single-pool methods, then the component-aware ones.
+METHOD_ORDER = ("round-0", "fedavg", "flat", "uniform", "size", "uniform-ema", "size-ema", "quantile",
+                "probe", "alpha-split", "pools")
 
 
 @dataclass

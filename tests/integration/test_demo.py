@@ -3,7 +3,8 @@
 
 Runs the real command in a subprocess (corpus rendering → pretraining → four ``run_training`` runs
 → table) with its cache and results in a temporary folder, and checks the exit code, the printed
-table (one column per method, the privacy table with ε) and the run folders. About a minute on
+table (the starting model's round-0 column, then one column per method, the privacy table with
+ε) and the run folders. About a minute on
 two cores; a second invocation with the same cache must reuse the finished runs.
 """
 
@@ -35,16 +36,23 @@ def test_the_reduced_demo_runs_end_to_end_and_prints_every_method(tmp_path):
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = proc.stdout
     header = next((line for line in out.splitlines() if line.startswith("| arch")), "")
-    for m in METHODS:
+    for m in ("round-0",) + METHODS:
         assert m in header, (m, out)
+    assert header.split("|")[3].strip() == "round-0"  # the starting model comes first
     assert "ε" in out or "epsilon" in out.lower()
     runs = sorted(p.parent.name for p in (tmp_path / "results" / "demo").glob("*/final.parquet"))
-    assert len(runs) == len(METHODS), runs
-    for m in ("fedavg", "flat", "size", "alpha-split"):
+    assert len(runs) == len(METHODS) + 1, runs
+    for m in ("round-0", "fedavg", "flat", "size", "alpha-split"):
         assert any(f"_{m}_" in r for r in runs), (m, runs)
+    # round 0 is scored on the same evaluation set as every method
+    import pyarrow.parquet as pq
+    utterances = {r: sorted(pq.read_table(tmp_path / "results" / "demo" / r / "eval.parquet")
+                            .column("utt_id").to_pylist()) for r in runs}
+    assert len({tuple(u) for u in utterances.values()}) == 1 and utterances[runs[0]], utterances
     # cached: the second call reuses the corpus, the checkpoint and the finished runs
     again = _demo(tmp_path)
     assert again.returncode == 0, again.stderr[-4000:]
     pretrained = next(line for line in again.stderr.splitlines() if "pretrained:" in line)
     assert pretrained.endswith("(cached)"), pretrained  # the checkpoint was reused
     assert again.stderr.count("rounds (cached)") == len(METHODS)
+    assert "round 0 (the starting model" in again.stderr and "(cached)" in again.stderr
