@@ -27,7 +27,8 @@ def _unknown(key: str) -> ConfigError:
     near = difflib.get_close_matches(key, valid_keys(), n=3, cutoff=0.5)
     if not near:  # fall back to matching the field name alone
         tail = key.rsplit(".", 1)[-1]
-        near = [k for k in valid_keys() if difflib.SequenceMatcher(None, tail, k.rsplit(".", 1)[-1]).ratio() > 0.7][:3]
+        near = [k for k in valid_keys()
+                if difflib.SequenceMatcher(None, tail, k.rsplit(".", 1)[-1]).ratio() > 0.7][:3]
     hint = f"; did you mean {', '.join(near)}?" if near else ""
     return ConfigError(key, f"unknown key{hint}")
 

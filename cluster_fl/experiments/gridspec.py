@@ -173,7 +173,8 @@ def load_grid(path: str | Path, out: str | None = None) -> Grid:
     res_raw = raw.get("resources") or {}
     bad = set(res_raw) - RESOURCE_KEYS
     if bad:
-        raise ConfigError(f"resources.{sorted(bad)[0]}", f"unknown; allowed: {', '.join(sorted(RESOURCE_KEYS))}")
+        raise ConfigError(f"resources.{sorted(bad)[0]}",
+                          f"unknown; allowed: {', '.join(sorted(RESOURCE_KEYS))}")
     experiment = str(raw.get("experiment") or path.stem)
     return Grid(
         path=path,

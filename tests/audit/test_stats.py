@@ -53,8 +53,10 @@ def _exact_gaussian_epsilon(mu: float, delta: float) -> float:
     """ε of one Gaussian mechanism with sensitivity/std = mu (Balle & Wang 2018)."""
     from scipy.optimize import brentq
 
-    f = lambda e: (sps.norm.cdf(-e / mu + mu / 2) - math.exp(e) * sps.norm.cdf(-e / mu - mu / 2)
-                   - delta)
+    def f(e: float) -> float:
+        return (sps.norm.cdf(-e / mu + mu / 2) - math.exp(e) * sps.norm.cdf(-e / mu - mu / 2)
+                - delta)
+
     return brentq(f, 0.0, 500.0)
 
 

@@ -14,7 +14,7 @@ import json
 import pytest
 import torch
 
-from engine_helpers import (FAKE_GROUPS, FakeRunner, engine_config, fake_clients, make_engine,
+from engine_helpers import (FAKE_GROUPS, FakeRunner, engine_config, make_engine,
                             random_update, tiny_config, zero_state)
 
 from cluster_fl.engine.round import ClientData

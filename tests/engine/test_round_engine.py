@@ -21,8 +21,8 @@ import math
 import pytest
 import torch
 
-from engine_helpers import (BIG_GROUPS, FAKE_GROUPS, FakeRunner, chi2_interval, engine_config,
-                            flat, make_engine, noise_worker, norm, random_update, zero_state)
+from engine_helpers import (FAKE_GROUPS, FakeRunner, chi2_interval, engine_config, flat,
+                            make_engine, noise_worker, norm, random_update, zero_state)
 
 from cluster_fl.dist import LocalComm, bitwise_differences, spawn
 

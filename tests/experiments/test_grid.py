@@ -54,7 +54,8 @@ def test_paper_grid_is_the_papers_setting():
     assert len(specs) == 3 * (2 * 7 - 1) * 3
     assert len({s.run_id for s in specs}) == len(specs)
     cfg = specs[0].config
-    assert (cfg.fl.rounds, cfg.fl.clients_per_round, cfg.fl.local_epochs, cfg.fl.batch_size) == (40, 94, 10, 16)
+    fl = cfg.fl
+    assert (fl.rounds, fl.clients_per_round, fl.local_epochs, fl.batch_size) == (40, 94, 10, 16)
     assert (cfg.privacy.clip_norm, cfg.privacy.noise_multiplier) == (1.0, 0.1)
     by_id = {s.run_id: s.config for s in specs}
     split = by_id["whisper-eurollm__unfrozen__alpha-split__s2"]
@@ -67,7 +68,8 @@ def test_paper_grid_is_the_papers_setting():
 def test_tiny_grid_expands_on_cpu():
     specs = expand(load_grid(REPO / "configs" / "grids" / "tiny.yaml"))
     assert len(specs) == 4 * 2
-    assert all(s.config.model.arch == "whisper-tinyllama-tiny" and s.config.run.device == "cpu" for s in specs)
+    assert all(s.config.model.arch == "whisper-tinyllama-tiny" and s.config.run.device == "cpu"
+               for s in specs)
 
 
 def test_a_bad_override_names_the_cell(tmp_path):
@@ -108,7 +110,8 @@ def test_failed_runs_are_resubmitted_and_running_ones_with_a_live_job_are_not(tm
     assert [s.run_id for s in todo] == ["flat__s0", "flat__s1"]
 
 
-def test_tiny_grid_of_2_cells_x_2_seeds_runs_end_to_end_on_local_cluster_and_table_prints_all(tmp_path, capsys):
+def test_tiny_grid_of_2_cells_x_2_seeds_runs_end_to_end_on_local_cluster_and_table_prints_all(
+        tmp_path, capsys):
     path = tiny_grid(tmp_path)
     assert grid_cmd.run(grid_args(path, cluster="local"), train_fn=fake_train) == 0
     capsys.readouterr()
@@ -150,7 +153,8 @@ def test_a_failed_run_is_reported_with_its_error_and_grid_wait_exits_1(tmp_path,
     assert "failed flat__s0: ValueError: no private split in data.corpus" in capsys.readouterr().out
 
 
-def test_a_preempted_run_that_nobody_requeues_is_failed_with_the_round_it_stopped_at(tmp_path, monkeypatch, capsys):
+def test_a_preempted_run_that_nobody_requeues_is_failed_with_the_round_it_stopped_at(
+        tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("CFL_FAKE_PREEMPT_AT", "1")  # debug jobs run in this process: no requeue
     path = tiny_grid(tmp_path, methods=("flat",), seeds=(0,))
     assert grid_cmd.run(grid_args(path), train_fn=fake_train) == 1

@@ -10,7 +10,7 @@ from hf_checkpoints import save_voxtral, save_whisper_llama
 
 from cluster_fl.config import ModelConfig
 from cluster_fl.errors import UserError
-from cluster_fl.models import build_model, collate, describe_groups, greedy_decode, trainable_groups
+from cluster_fl.models import build_model, describe_groups, greedy_decode, trainable_groups
 
 
 @pytest.fixture(scope="module")

@@ -120,7 +120,8 @@ def test_a_cancelled_task_is_reported_failed_with_the_reason_from_its_log(tmp_pa
     text = log.read_text()
     assert rc == 1, text
     line = next(line for line in text.splitlines() if line.startswith(f"run {SPLIT} failed: "))
-    assert f"job {cancelled} CANCELLED" in line and re.search(r"\*\*\* (JOB|STEP) \S+ ON \S+ CANCELLED AT", line), line
+    assert f"job {cancelled} CANCELLED" in line, line
+    assert re.search(r"\*\*\* (JOB|STEP) \S+ ON \S+ CANCELLED AT", line), line
     assert f"run {FLAT} failed" not in text and status(root / FLAT)["state"] == "done"
     # the task was not brought back by a requeue of its own
     assert accounting(cancelled.split("_")[0])[cancelled].startswith("CANCELLED")
