@@ -8,6 +8,8 @@
   devices of other ranks: they import nothing from ``cluster_fl.dist``.
 * The command layer (``cluster_fl/commands/``, ``cluster_fl/cli.py``, ``cluster_fl/__main__.py``)
   is the top: no module below it imports ``cluster_fl.commands`` or ``cluster_fl.cli``.
+* The layers of ARCHITECTURE.md: a package imports only from its own layer or the layers below,
+  and privacy, models and data know nothing of one another.
 
 Imports are read from the syntax tree, wherever they stand (a lazy import inside a function
 counts), so a rule cannot be dodged by moving an import into a function.
@@ -90,6 +92,47 @@ def test_no_module_below_the_command_layer_imports_it():
                  for path, tree in _modules()
                  if not path.startswith(COMMAND_LAYER) and _imports_command_layer(tree)]
     assert offenders == []
+
+
+# ARCHITECTURE.md's layers, top (5) to bottom (0); every top-level module or package is listed
+LAYERS = {"cli": 5, "__main__": 5, "commands": 5,
+          "experiments": 4, "audit": 4,
+          "engine": 3, "training": 3,
+          "privacy": 2, "models": 2, "data": 2, "eval": 2, "secure_sum": 2,
+          "dist": 1,
+          "config": 0, "config_load": 0, "errors": 0, "groups": 0, "seeding": 0, "__init__": 0}
+INDEPENDENT = ("privacy", "models", "data")
+
+
+def _edges() -> list[tuple[str, str, str]]:
+    """(file, its part, the part it imports) for every import between two parts of the package."""
+    out = []
+    for path, tree in _modules():
+        parts = path.split("/")
+        mine = parts[1].removesuffix(".py")
+        for m in _imports(tree):
+            bits = m.split(".")
+            if bits[0] == "cluster_fl" and len(bits) > 1 and bits[1] in LAYERS and bits[1] != mine:
+                out.append((path, mine, bits[1]))
+    return out
+
+
+def test_every_part_of_the_package_has_a_layer():
+    parts = {p.name.removesuffix(".py") for p in PACKAGE.iterdir()
+             if p.suffix == ".py" or (p.is_dir() and (p / "__init__.py").is_file())}
+    assert parts == set(LAYERS)
+
+
+def test_a_layer_imports_only_its_own_layer_and_the_layers_below():
+    upward = [f"{path} imports cluster_fl.{theirs}" for path, mine, theirs in _edges()
+              if LAYERS[theirs] > LAYERS[mine]]
+    assert upward == []
+
+
+def test_privacy_models_and_data_know_nothing_of_one_another():
+    crossed = [f"{path} imports cluster_fl.{theirs}" for path, mine, theirs in _edges()
+               if mine in INDEPENDENT and theirs in INDEPENDENT]
+    assert crossed == []
 
 
 def test_every_command_of_the_cli_is_a_module_of_the_command_layer():
