@@ -1,0 +1,106 @@
+"""Smoke test of the peer benchmark driver (bench/peers/run.py, issue 13) at a tiny size.
+
+The cluster_fl cell always runs through the driver (fresh process, warm-up + timed rounds);
+pfl and Flower run only where they are installed (the optional ``bench`` extra), Flower's Ray
+start-up only under ``-m slow``. What must hold: every cell reports a positive finite rate, and
+the client updates the harness counted equal timed rounds x cohort (a harness that skipped or
+double-counted clients, or timed the warm-up round, would fail).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # bench/ is a folder of scripts, not an installed package
+    sys.path.insert(0, str(ROOT))
+
+from bench.peers import run  # noqa: E402
+
+ROUNDS, CLIENTS = 2, 3  # 3 of a population of 4: the cohort is a real sample
+TINY = ["--rounds", str(ROUNDS), "--reps", "1", "--speakers-per-language", "2",
+        "--utterances", "4", "--clients", str(CLIENTS), "--batch-size", "2",
+        "--local-steps", "1", "--ranks", "1", "--timeout", "300"]
+
+
+@pytest.fixture(scope="module")
+def work_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("peers")
+
+
+def _drive(argv: list[str], capsys: pytest.CaptureFixture) -> tuple[int, str, list[dict]]:
+    rc = run.main(argv)
+    out = capsys.readouterr().out.strip().splitlines()
+    summary = json.loads(out[-1])["peers_bench"]
+    return rc, "\n".join(out[:-1]), summary["cells"]
+
+
+def _check(cells: list[dict], framework: str, privacies: list[str]) -> None:
+    assert [(c["framework"], c["privacy"]) for c in cells] == [(framework, p) for p in privacies]
+    for c in cells:
+        assert c["errors"] == [], c["errors"]
+        assert c["median_rate"] is not None and math.isfinite(c["median_rate"])
+        assert c["median_rate"] > 0
+        assert c["updates"] == [ROUNDS * CLIENTS]
+        assert c["round_s"] > 0
+        assert c["worker_processes"] == [1]  # --ranks 1: one process trained the clients
+
+
+def test_cluster_fl_cell_counts_every_client_once(work_dir: Path, capsys) -> None:
+    rc, text, cells = _drive(["--frameworks", "cluster_fl", "--ks", "1", "--privacy", "dp",
+                              "--work", str(work_dir), *TINY], capsys)
+    assert rc == 0
+    _check(cells, "cluster_fl", ["dp"])
+    assert cells[0]["k"] == 1 and cells[0]["procs"] == 1
+    assert "cluster_fl  dp" in text
+
+
+@pytest.mark.skipif(importlib.util.find_spec("pfl") is None, reason="pfl not installed "
+                    "(pip install -e '.[bench]')")
+def test_pfl_cell_counts_every_client_once(work_dir: Path, capsys) -> None:
+    rc, _, cells = _drive(["--frameworks", "pfl", "--privacy", "dp", "--work", str(work_dir),
+                           *TINY], capsys)
+    assert rc == 0
+    _check(cells, "pfl", ["dp"])
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("flwr") is None
+                    or importlib.util.find_spec("ray") is None,
+                    reason="flwr/ray not installed (pip install -e '.[bench]')")
+def test_flower_cell_counts_every_client_once(work_dir: Path, capsys) -> None:
+    rc, _, cells = _drive(["--frameworks", "flower", "--privacy", "dp", "--work", str(work_dir),
+                           *TINY], capsys)
+    assert rc == 0
+    _check(cells, "flower", ["dp"])
+
+
+def test_default_matrix_is_issue_13s() -> None:
+    cells = run.cells_for(run.parse_args([]))
+    labels = {c.label for c in cells}
+    for privacy in ("dp", "fedavg"):
+        assert {f"cluster_fl {privacy} 1p K={k}" for k in (1, 4, 16)} <= labels
+        assert {f"cluster_fl {privacy} 2p K={k}" for k in (1, 16)} <= labels
+        assert {f"{fw} {privacy} {p}p" for fw in ("pfl", "flower") for p in (1, 2)} <= labels
+    assert len(cells) == 18
+
+
+def test_table_reports_failures_and_ratios() -> None:
+    rows = [{"framework": "cluster_fl", "privacy": "dp", "procs": 1, "k": 1, "rates": [2.0],
+             "median_rate": 2.0, "updates": [48], "round_s": 12.0, "errors": []},
+            {"framework": "cluster_fl", "privacy": "dp", "procs": 1, "k": 16, "rates": [6.0],
+             "median_rate": 6.0, "updates": [48], "round_s": 4.0, "errors": []},
+            {"framework": "pfl", "privacy": "dp", "procs": 1, "k": None, "rates": [3.0],
+             "median_rate": 3.0, "updates": [48], "round_s": 8.0, "errors": []},
+            {"framework": "flower", "privacy": "dp", "procs": 2, "k": None, "rates": [],
+             "median_rate": None, "updates": [], "round_s": None, "errors": ["boom"]}]
+    text = run.table(rows, run.Work(), 1)
+    assert "FAILED  boom" in text
+    assert "best cluster_fl (1p K=16) / best peer (pfl 1p) = 2.00x" in text
+    assert "cluster_fl 1p K=16 / K=1 = 3.00x" in text
