@@ -185,6 +185,9 @@ class FLConfig:
     clients_per_step: int = 1
     """Clients of a rank's shard trained together in one batched forward/backward (shared frozen
     base, per-client LoRA + connector stacked on a client axis); 1 = one client at a time."""
+    rows_per_pass: int = 16
+    """Batched steps (``clients_per_step`` > 1): utterances per forward/backward pass, taken in
+    length order so a pass pads little (0 = all K x B rows in one pass, for a GPU)."""
 
     def __post_init__(self) -> None:
         _range(self.rounds, "fl.rounds", 1, None, integer=True)
@@ -195,6 +198,7 @@ class FLConfig:
         _range(self.lr, "fl.lr", 0.0, 10.0, lo_open=True)
         _range(self.max_local_steps, "fl.max_local_steps", 0, None, integer=True)
         _range(self.clients_per_step, "fl.clients_per_step", 1, None, integer=True)
+        _range(self.rows_per_pass, "fl.rows_per_pass", 0, None, integer=True)
 
 
 @dataclass(frozen=True, kw_only=True)

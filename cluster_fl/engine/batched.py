@@ -58,14 +58,35 @@ def batch_stream(make_batches, items: Sequence[object], batch_size: int, total: 
             step += 1
 
 
-def concat_batches(batches: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Row-wise concatenation of padded batches (features zero-padded to the longest)."""
-    feats = [b["features"] for b in batches]
-    t_max = max(f.shape[-1] for f in feats)
-    feats = [torch.nn.functional.pad(f, (0, t_max - f.shape[-1])) for f in feats]
-    return {"features": torch.cat(feats), "lengths": torch.cat([b["lengths"] for b in batches]),
-            "texts": [t for b in batches for t in b["texts"]],
-            "languages": [x for b in batches for x in b["languages"]]}
+Row = tuple[int, int]  # (client's position in the block, row in its batch)
+
+
+def passes(parts: Mapping[int, Mapping[str, Any]], rows_per_pass: int) -> list[list[Row]]:
+    """The step's rows (every active client's batch) cut into forward/backward passes.
+
+    Rows are ordered by utterance length before they are cut, so a pass pads its utterances to
+    similar lengths (padding to the longest of all K x B rows would cost more compute than the
+    batching saves on a CPU); within a pass, each client's rows are contiguous, as
+    :func:`~cluster_fl.models.lora.stacked_trainables` needs. ``rows_per_pass`` = 0: one pass.
+    """
+    rows = [(j, i) for j in sorted(parts) for i in range(len(parts[j]["texts"]))]
+    if not rows_per_pass or rows_per_pass >= len(rows):
+        return [rows]
+    by_len = sorted(rows, key=lambda r: (int(parts[r[0]]["lengths"][r[1]]), r))
+    return [sorted(by_len[i:i + rows_per_pass]) for i in range(0, len(by_len), rows_per_pass)]
+
+
+def gather_rows(parts: Mapping[int, Mapping[str, Any]], rows: Sequence[Row]) -> dict[str, Any]:
+    """One padded batch of the given rows (features cut or zero-padded to the longest)."""
+    lengths = torch.stack([parts[j]["lengths"][i] for j, i in rows])
+    t_max = int(lengths.max())
+    feats = []
+    for j, i in rows:
+        f = parts[j]["features"][i, :, :t_max]
+        feats.append(torch.nn.functional.pad(f, (0, t_max - f.shape[-1])))
+    return {"features": torch.stack(feats), "lengths": lengths,
+            "texts": [parts[j]["texts"][i] for j, i in rows],
+            "languages": [parts[j]["languages"][i] for j, i in rows]}
 
 
 @dataclass
@@ -143,27 +164,31 @@ def train_block(runner: Any, block: Sequence[tuple[int, Sequence[object]]],
     for s in range(max(totals, default=0)):
         active = [j for j in range(k) if s < totals[j]]
         parts = {j: next(streams[j]) for j in active}
-        splits = [len(parts[j]["texts"]) if j in parts else 0 for j in range(k)]
-        batch = concat_batches([parts[j] for j in active])
         for t in stacks.values():
             t.grad = None
-        with stacked_trainables(model, stacks, splits), placement.compute():
-            sums, tokens = model.row_losses(batch)
-            row = torch.repeat_interleave(torch.arange(k, device=sums.device),
-                                          torch.tensor(splits, device=sums.device))
-            per = torch.zeros(k, dtype=sums.dtype, device=sums.device).index_add(0, row, sums)
-            n = torch.zeros(k, dtype=sums.dtype, device=sums.device).index_add(
-                0, row, tokens.to(sums.dtype))
-            on = torch.tensor([j in parts for j in range(k)], device=sums.device)
-            losses = torch.where(on, per / n.clamp(min=1), torch.zeros_like(per))
-            losses.sum().backward()
+        # each client's loss is its mean over its tokens in this step: the divisor is known
+        # before the forward (transcript tokens + eos), so passes can be summed
+        n_tok = {j: float(sum(model.target_counts(parts[j]["texts"]))) for j in active}
+        step_loss = torch.zeros(k, dtype=torch.float64)
+        for rows in passes(parts, runner.rows_per_pass):
+            splits = [sum(1 for r in rows if r[0] == j) for j in range(k)]
+            batch = gather_rows(parts, rows)
+            with stacked_trainables(model, stacks, splits), placement.compute():
+                sums, _ = model.row_losses(batch)
+                row = torch.tensor([r[0] for r in rows], device=sums.device)
+                per = torch.zeros(k, dtype=sums.dtype, device=sums.device).index_add(0, row, sums)
+                scale = torch.tensor([1.0 / n_tok[j] if j in n_tok else 0.0 for j in range(k)],
+                                     dtype=sums.dtype, device=sums.device)
+                (per * scale).sum().backward()
+            step_loss += (per * scale).detach().double().cpu()
+        on = torch.tensor([j in parts for j in range(k)], device=dev)
         if ccfg.max_grad_norm > 0:
             _clip_per_client([t for t in stacks.values() if t.grad is not None],
                              ccfg.max_grad_norm)
         lr = torch.tensor([lr_at(steps[j], totals[j], fl.lr, ccfg.warmup_steps) if j in parts
                            else 0.0 for j in range(k)], dtype=torch.float64, device=dev)
-        opt.step(lr, on.to(dev))
-        values = losses.detach().tolist()
+        opt.step(lr, on)
+        values = step_loss.tolist()
         for j in active:
             loss_sum[j] += values[j]
             steps[j] += 1

@@ -105,6 +105,7 @@ class ClientRunner:
         self.client_cfg = client
         self.make_batches = make_batches
         self.seed = seed
+        self.rows_per_pass = fl.rows_per_pass
         mult = {"encoder": client.lr_encoder_mult, "connector": client.lr_connector_mult,
                 "decoder": client.lr_decoder_mult}
         self._mult = {g.name: mult.get(g.component, 1.0) for g in self.groups}

@@ -3,8 +3,9 @@
 The cohort is sampled from (seed, round) alone, and the blocks (clients trained together,
 ``fl.clients_per_step``) and their assignment to lanes are pure functions of the cohort and the
 clients' data sizes, so every rank computes the same cohort, blocks and split without talking to
-the others -- and a block trains the same on any rank, which keeps 1 vs N ranks bitwise equal. The aggregation denominator is public: the cohort size for fixed
-sampling and the expected size q·N for Poisson sampling -- never the realised count.
+the others -- and a block trains the same on any rank, which keeps 1 vs N ranks bitwise equal.
+The aggregation denominator is public: the cohort size for fixed sampling and the expected size
+q·N for Poisson sampling -- never the realised count.
 """
 
 from __future__ import annotations

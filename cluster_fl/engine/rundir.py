@@ -42,8 +42,9 @@ RESUME_TOLERATED = {("run", "out"), ("run", "threads"), ("run", "timeout_s"),
                     # how a lane is laid out changes memory, not results (within float tolerance)
                     ("model", "activation_checkpointing"), ("model", "shard"),
                     ("model", "shard_group_size"),
-                    # clients per batched step: speed, not results (within float tolerance)
-                    ("fl", "clients_per_step")}
+                    # clients per batched step and rows per pass: speed, not results (within
+                    # float tolerance)
+                    ("fl", "clients_per_step"), ("fl", "rows_per_pass")}
 # keys that do not enter the run id
 _BOOKKEEPING = RESUME_TOLERATED | {("run", "experiment"), ("run", "run_id"),
                                    ("run", "checkpoint_every")}

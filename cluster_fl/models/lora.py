@@ -113,25 +113,42 @@ class _PerLearner(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         outs, start = [], 0
+        per = {name: t.unbind(0) for name, t in self.stacks.items()}
         for k, n in enumerate(self.splits):
             if n:
-                weights = {name: t[k] for name, t in self.stacks.items()}
+                weights = {name: ts[k] for name, ts in per.items()}
                 outs.append(torch.func.functional_call(self.inner, weights, (x[start:start + n],)))
             start += n
         return torch.cat(outs)
 
 
-def _lora_hook(a: torch.Tensor, b: torch.Tensor, row: torch.Tensor, scaling: float,
+def _lora_hook(a: torch.Tensor, b: torch.Tensor, splits: Sequence[int], scaling: float,
                dropout: nn.Module):
-    """Forward hook adding row i's learner's LoRA term to the (adapter-disabled) base output."""
+    """Forward hook adding each learner's LoRA term ``B_k A_k x`` to its rows of the
+    (adapter-disabled) base output: one batched matmul over learners when every active learner
+    has the same number of rows (the common case: full batches), else one matmul per learner."""
+    active = [k for k, n in enumerate(splits) if n]
+    equal = len({splits[k] for k in active}) == 1
+    index = torch.tensor(active, device=a.device)
+    full = len(active) == len(splits)
 
     def hook(module: nn.Module, args: tuple, out: torch.Tensor) -> torch.Tensor:
         x = dropout(args[0].to(a.dtype))
-        shape = x.shape
-        x = x.reshape(shape[0], -1, shape[-1])  # (rows, positions, in)
-        a_rows, b_rows = a.index_select(0, row), b.index_select(0, row)  # (rows, r, in), (rows, out, r)
-        delta = torch.bmm(torch.bmm(x, a_rows.transpose(1, 2)), b_rows.transpose(1, 2)) * scaling
-        return out + delta.reshape(*shape[:-1], delta.shape[-1]).to(out.dtype)
+        if equal:
+            a_k = a if full else a.index_select(0, index)
+            b_k = b if full else b.index_select(0, index)
+            xs = x.reshape(len(active), -1, x.shape[-1])  # (learners, rows x positions, in)
+            delta = torch.bmm(torch.bmm(xs, a_k.transpose(1, 2)), b_k.transpose(1, 2))
+            delta = delta.reshape(*x.shape[:-1], delta.shape[-1])
+        else:  # unbind: one gradient scatter for all learners, not one full-size zero each
+            parts, start = [], 0
+            a_k, b_k = a.unbind(0), b.unbind(0)
+            for k, n in enumerate(splits):
+                if n:
+                    parts.append(x[start:start + n] @ a_k[k].t() @ b_k[k].t())
+                start += n
+            delta = torch.cat(parts)
+        return out + (delta * scaling).to(out.dtype)
 
     return hook
 
@@ -143,11 +160,11 @@ def stacked_trainables(model: nn.Module, stacks: Mapping[str, torch.Tensor],
 
     ``stacks`` maps every trainable group name to a ``(K, *shape)`` tensor (learner k's LoRA A/B
     and connector weights at index k); ``splits[k]`` is how many consecutive batch rows belong to
-    learner k. Every LoRA layer adds ``B_k A_k x`` to row x of learner k (one batched matmul over
-    rows, gathering each row's learner), and the connector runs once per learner with that
-    learner's weights (:func:`torch.func.functional_call`). The frozen base is shared; gradients
-    land in the stacks only. The model's own trainable parameters are not used (adapters are
-    disabled and the connector swapped out for the duration) and are restored on exit.
+    learner k. Every LoRA layer adds ``B_k A_k x`` to the rows x of learner k, and the connector
+    runs once per learner with that learner's weights (:func:`torch.func.functional_call`). The
+    frozen base is shared; gradients land in the stacks only. The model's own trainable
+    parameters are not used (adapters are disabled and the connector swapped out for the
+    duration) and are restored on exit.
     """
     from peft.tuners.lora import LoraLayer
 
@@ -155,9 +172,6 @@ def stacked_trainables(model: nn.Module, stacks: Mapping[str, torch.Tensor],
     missing = set(params) - set(stacks)
     if missing:
         raise KeyError(f"stacked_trainables: no stack for {sorted(missing)[:3]}")
-    device = next(iter(stacks.values())).device
-    row = torch.repeat_interleave(torch.arange(len(splits), device=device),
-                                  torch.tensor(list(splits), device=device))
     grads = {name: p.requires_grad for name, p in params.items()}
     handles, layers = [], []
     connector = model.connector
@@ -167,7 +181,7 @@ def stacked_trainables(model: nn.Module, stacks: Mapping[str, torch.Tensor],
                 continue
             module.enable_adapters(False)  # the base output only; the hook adds each row's term
             layers.append(module)
-            hook = _lora_hook(stacks[f"{name}.lora_A"], stacks[f"{name}.lora_B"], row,
+            hook = _lora_hook(stacks[f"{name}.lora_A"], stacks[f"{name}.lora_B"], splits,
                               module.scaling[_ADAPTER], module.lora_dropout[_ADAPTER])
             handles.append(module.register_forward_hook(hook))
         local = {n[len("connector."):]: t for n, t in stacks.items() if n.startswith("connector.")}

@@ -192,6 +192,10 @@ class SpeechLLM(nn.Module):
         sums = torch.zeros(b, dtype=token.dtype, device=token.device).index_add(0, rows, token)
         return sums, keep.sum(dim=1)
 
+    def target_counts(self, texts: Sequence[str]) -> list[int]:
+        """Tokens each transcript contributes to the loss (its tokens + eos), before any forward."""
+        return [len(self.tokenizer.encode(t)) + 1 for t in texts]
+
     def _transcript_logits(self, batch: Batch) -> tuple[torch.Tensor, ...]:
         """LM-head logits on the transcript positions, the targets, their mask, encoder output."""
         dev = self.device

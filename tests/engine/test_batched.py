@@ -68,11 +68,20 @@ def block(world):
 
 
 @pytest.fixture(scope="module")
-def both(world, block, moved_state):
+def sequential(world, block, moved_state):
+    return [world.engine.runner.train(i, it, moved_state, 1) for i, it in block]
+
+
+@pytest.fixture(scope="module", params=[0, 3], ids=["one-pass", "passes-of-3-rows"])
+def both(request, world, block, moved_state, sequential):
+    # rows_per_pass 3: a step's 7-8 rows run in length-sorted passes of unequal client splits
     runner = world.engine.runner
-    seq = [runner.train(i, it, moved_state, 1) for i, it in block]
-    bat = list(runner.train_cohort(block, moved_state, 1))
-    return seq, bat
+    runner.rows_per_pass = request.param
+    try:
+        bat = list(runner.train_cohort(block, moved_state, 1))
+    finally:
+        runner.rows_per_pass = world.cfg.fl.rows_per_pass
+    return sequential, bat
 
 
 def test_each_client_in_a_block_gets_its_one_client_update(both):
@@ -137,14 +146,21 @@ def test_stacked_adamw_matches_torch_adamw():
     torch.testing.assert_close(stacks["w"][1].detach(), ref.detach(), rtol=1e-6, atol=1e-7)
 
 
-def test_a_nonfinite_client_does_not_contaminate_its_block(world, block, moved_state, both):
-    seq, _ = both
+@pytest.mark.parametrize("rows_per_pass", [0, 3])
+def test_a_nonfinite_client_does_not_contaminate_its_block(world, block, moved_state,
+                                                           sequential, rows_per_pass):
+    seq = sequential
     bad = list(block)
     index, items = bad[2]
     poisoned = [dataclasses.replace(x, features=torch.full_like(x.features, float("nan")))
                 for x in items]
     bad[2] = (index, poisoned)
-    out = list(world.engine.runner.train_cohort(bad, moved_state, 1))
+    runner = world.engine.runner
+    runner.rows_per_pass = rows_per_pass
+    try:
+        out = list(runner.train_cohort(bad, moved_state, 1))
+    finally:
+        runner.rows_per_pass = world.cfg.fl.rows_per_pass
     assert not all(torch.isfinite(v).all() for v in out[2].delta.values())
     for j in (0, 1, 3):
         assert all(torch.isfinite(v).all() for v in out[j].delta.values())
