@@ -6,7 +6,8 @@
 #      1 rank) and makes the CPU run's clip decisions;
 #   2. a whisper-eurollm-9b-sized model (random init on the meta device, materialised on the
 #      GPU) does one client step with activation checkpointing: peak memory vs `cluster-fl plan`;
-#   3. client updates per second of the tiny model on the GPU (bf16 base).
+#   3. client updates per second of the tiny model on the GPU (bf16 base), K = 1, 16, 64
+#      clients per batched step (issue 13), with peak memory.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}
@@ -36,6 +37,6 @@ print(f"ratio allocated / planned tensors: {big['peak_gib'] / tensors:.2f} (goal
       f"reserved / planned total: {big['reserved_gib'] / (row['total_bytes'] / gib):.2f}")
 PYEOF
 
-echo "== 3. tiny model, client updates/s on the GPU"
-timeout 200 $PY bench/gpu_step.py speed --clients 24 --rounds 2 | tail -1 || status=1
+echo "== 3. tiny model, client updates/s on the GPU, K = 1 / 16 / 64 clients per step"
+timeout 240 $PY bench/gpu_step.py speed --clients 64 --rounds 2 --ks 1,16,64 | tail -1 || status=1
 exit $status

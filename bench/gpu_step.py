@@ -1,7 +1,7 @@
 """GPU figures for issue 12 (run by ``bench/gpu_check.sh`` on a machine with one CUDA GPU).
 
     python bench/gpu_step.py big   [--arch whisper-eurollm-9b --batch 4 --seconds 15]
-    python bench/gpu_step.py speed [--clients 24 --rounds 2]
+    python bench/gpu_step.py speed [--clients 64 --rounds 2 --ks 1,16,64]
 
 ``big``: the architecture's skeleton is built on the meta device at real dimensions (random
 init: no weights are read), cast to the dtype policy on meta (frozen base bf16, LoRA +
@@ -9,7 +9,8 @@ connector fp32), materialised on the GPU and initialised there, then one client 
 backward of a batch + AdamW) runs with activation checkpointing. Prints the peak GPU memory
 (``torch.cuda.max_memory_allocated``) and the step time, as JSON on the last line.
 
-``speed``: client updates per second of the tiny model on the GPU (bf16 base), through the round
+``speed``: client updates per second of the tiny model on the GPU (bf16 base) for each K clients
+per batched step (one pass per step), with peak memory, through the round
 engine, on the synthetic corpus rendered into ``--work``.
 """
 
@@ -78,6 +79,7 @@ def big(args: argparse.Namespace) -> dict:
 
 
 def speed(args: argparse.Namespace) -> dict:
+    """Client updates/s for each K in ``--ks`` (batched clients per step, one pass per step)."""
     from cluster_fl.config import load_config
     from cluster_fl.data import make_corpus
     from cluster_fl.dist import LocalComm
@@ -87,22 +89,37 @@ def speed(args: argparse.Namespace) -> dict:
     corpus = work / "corpus"
     if not corpus.exists():
         make_corpus(corpus, languages=["en", "de"], seed=0, public_speakers=2,
-                    private_speakers=24, test_speakers=1, public_utterances=4,
-                    private_utterances=(16, 16), test_utterances=4, progress=False)
-    cfg = load_config(ROOT / "cluster_fl" / "assets" / "demo.yaml", [
-        f"data.corpus={corpus}", "data.languages=[en,de]", f"run.out={work / 'runs'}",
-        f"fl.clients_per_round={args.clients}", "fl.sampling=fixed", "fl.max_local_steps=4",
-        "fl.batch_size=4", "run.device=cuda", f"model.dtype={args.dtype}"])
-    comm = LocalComm()
-    world = setup.build_world(cfg, comm, lambda m: None)
-    state = world.initial_state
-    world.engine.run_round(1, state)  # warm-up (CUDA context, kernels, feature cache)
-    t = time.perf_counter()
-    for r in range(2, 2 + args.rounds):
-        state = world.engine.run_round(r, state).state
-    elapsed = time.perf_counter() - t
-    return {"clients_per_round": args.clients, "rounds": args.rounds, "dtype": args.dtype,
-            "client_updates_per_s": args.clients * args.rounds / elapsed}
+                    private_speakers=(args.clients + 1) // 2, test_speakers=1,
+                    public_utterances=4, private_utterances=(16, 16), test_utterances=4,
+                    progress=False)
+    out = {"clients_per_round": args.clients, "rounds": args.rounds, "dtype": args.dtype}
+    for k in [int(x) for x in args.ks.split(",")]:
+        cfg = load_config(ROOT / "cluster_fl" / "assets" / "demo.yaml", [
+            f"data.corpus={corpus}", "data.languages=[en,de]", f"run.out={work / 'runs'}",
+            f"fl.clients_per_round={args.clients}", "fl.sampling=fixed", "fl.max_local_steps=4",
+            "fl.batch_size=4", "run.device=cuda", f"model.dtype={args.dtype}",
+            f"fl.clients_per_step={k}", f"fl.rows_per_pass={args.rows_per_pass}"])
+        world = setup.build_world(cfg, LocalComm(), lambda m: None)
+        state = world.initial_state
+        world.engine.run_round(1, state)  # warm-up (CUDA context, kernels, feature cache)
+        import torch
+
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        t = time.perf_counter()
+        for r in range(2, 2 + args.rounds):
+            state = world.engine.run_round(r, state).state
+        torch.cuda.synchronize()
+        elapsed = time.perf_counter() - t
+        out[f"K={k}"] = {"client_updates_per_s": args.clients * args.rounds / elapsed,
+                         "peak_gib": torch.cuda.max_memory_allocated() / 2 ** 30}
+        print(json.dumps({f"K={k}": out[f"K={k}"]}), flush=True)
+        del world
+    base = out["K=1"]["client_updates_per_s"] if "K=1" in out else None
+    if base:
+        out["ratios_vs_K1"] = {key: v["client_updates_per_s"] / base
+                               for key, v in out.items() if key.startswith("K=")}
+    return out
 
 
 def main() -> None:
@@ -116,7 +133,9 @@ def main() -> None:
     b.add_argument("--steps", type=int, default=2)
     b.add_argument("--device", default="cuda", help="cuda:0 for the figures; cpu to smoke-test")
     s = sub.add_parser("speed")
-    s.add_argument("--clients", type=int, default=24)
+    s.add_argument("--clients", type=int, default=64)
+    s.add_argument("--ks", default="1,16,64", help="clients per batched step to compare")
+    s.add_argument("--rows-per-pass", type=int, default=0)
     s.add_argument("--rounds", type=int, default=2)
     s.add_argument("--dtype", default="bfloat16")
     s.add_argument("--work", default="/tmp/cluster_fl_gpu")

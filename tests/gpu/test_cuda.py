@@ -48,3 +48,32 @@ def test_tiny_model_on_cuda_in_bf16_makes_the_cpu_runs_clip_decisions(tiny_corpu
     state = load_run_checkpoint(gpu)["state"]
     assert all(v.dtype == torch.float32 and v.device.type == "cpu" for v in state.values())
     assert "cuda" in (gpu / "log.txt").read_text()
+
+
+def test_batched_clients_on_cuda_equal_one_client_at_a_time(tiny_corpus, tmp_path):
+    # issue 13 on the GPU: a block of 3 clients (one with fewer batches) in one batched step per
+    # local step gives each client its one-client update (fp32 base: the float tolerance of
+    # tests/engine/test_batched.py; bf16 would compare rounding, not batching)
+    from cluster_fl.config import load_config
+    from cluster_fl.dist import LocalComm
+    from cluster_fl.engine import setup
+
+    cfg = load_config(None, [f"data.corpus={tiny_corpus}", "data.languages=[en,de,fr]",
+                             f"run.out={tmp_path}", "run.device=cuda", *RUN,
+                             "model.dtype=float32", "fl.clients_per_step=3", "fl.batch_size=2",
+                             "fl.max_local_steps=3", "fl.rows_per_pass=0"])
+    world = setup.build_world(cfg, LocalComm(), lambda m: None)
+    g = torch.Generator().manual_seed(1)
+    state = {k: v + 0.01 * torch.randn(v.shape, generator=g).to(v.device)
+             for k, v in world.initial_state.items()}
+    block = [(c.index, c.load()) for c in world.engine.clients[:3]]
+    block[1] = (block[1][0], block[1][1][:3])
+    runner = world.engine.runner
+    seq = [runner.train(i, items, state, 1) for i, items in block]
+    bat = list(runner.train_cohort(block, state, 1))
+    for a, b in zip(seq, bat):
+        assert a.steps == b.steps
+        assert all(v.device.type == "cuda" for v in b.delta.values())
+        num = sum(float((a.delta[k] - b.delta[k]).double().norm() ** 2) for k in a.delta)
+        den = sum(float(a.delta[k].double().norm() ** 2) for k in a.delta)
+        assert (num / den) ** 0.5 < 1e-4, a.client
