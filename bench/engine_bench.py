@@ -3,6 +3,9 @@
     python bench/engine_bench.py overhead   # DP round (alpha-split + secure sum + noise) / FedAvg
     python bench/engine_bench.py ranks      # throughput 2 ranks / 1 rank (gloo, same cohort)
     python bench/engine_bench.py memory     # peak RSS of a round at 100 vs 10 clients per round
+                                            # (and 100 clients with 16 per batched step)
+    python bench/engine_bench.py trim       # round time: heap trimmed after every client vs
+                                            # only past the RSS bound (HeapTrimmer)
     python bench/engine_bench.py all
 
 A small synthetic corpus is rendered once into ``--work`` (default /tmp/cluster_fl_bench). The
@@ -110,35 +113,66 @@ def memory(work: Path) -> dict:
     c = corpus(work, 50)  # rendered and featurised here, so both measured runs only read caches
     FeatureStore(c, progress=False).examples(load_utterances(c, splits=["private", "test"]))
     out = {}
-    for n in (10, 100):
+    for n, k in ((10, 1), (100, 1), (100, 16)):
         code = (f"import sys, resource; sys.path.insert(0, {str(ROOT / 'bench')!r});"
                 "import engine_bench as b; from pathlib import Path;"
                 f"w=Path({str(work)!r}); c=b.corpus(w, 50);"
-                f"cfg=b.config(c, w, **{{'fl.clients_per_round': {n}, 'fl.max_local_steps': 1}});"
+                f"cfg=b.config(c, w, **{{'fl.clients_per_round': {n}, 'fl.max_local_steps': 1,"
+                f"'fl.clients_per_step': {k}}});"
                 "b.time_round(cfg, 1);"
                 "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
         res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                              check=True)
-        out[f"peak_rss_mb_{n}"] = int(res.stdout.strip().splitlines()[-1]) / 1024
+        out[f"peak_rss_mb_{n}" + (f"_k{k}" if k > 1 else "")] = \
+            int(res.stdout.strip().splitlines()[-1]) / 1024
     out["rss_ratio_100_vs_10"] = out["peak_rss_mb_100"] / out["peak_rss_mb_10"]
+    out["rss_ratio_k16_vs_k1"] = out["peak_rss_mb_100_k16"] / out["peak_rss_mb_100"]
     return out
+
+
+def trim(work: Path, reps: int) -> dict:
+    """Round time with the heap trimmed after every client vs only past the RSS bound."""
+    from cluster_fl.dist import LocalComm
+    from cluster_fl.engine import setup
+    from cluster_fl.engine.client import HeapTrimmer
+
+    c = corpus(work, 24)
+    cfg = config(c, work, **{"fl.clients_per_round": 24, "fl.sampling": "fixed",
+                             "fl.batch_size": 4, "fl.max_local_steps": 4})
+    setup.set_threads(cfg, LocalComm())
+    world = setup.build_world(cfg, LocalComm(), lambda m: None)
+    state = world.initial_state
+    world.engine.run_round(1, state)
+    every, bounded = HeapTrimmer(fraction=0.0, min_bytes=-1), HeapTrimmer()
+    times: dict[str, list[float]] = {"every_client": [], "past_bound": []}
+    for rep in range(reps):  # interleaved
+        for name, trimmer in (("every_client", every), ("past_bound", bounded)):
+            world.engine.trimmer = trimmer
+            t = time.perf_counter()
+            world.engine.run_round(2 + rep, state)
+            times[name].append(time.perf_counter() - t)
+    a, b = statistics.median(times["every_client"]), statistics.median(times["past_bound"])
+    return {"round_s_trim_every_client": a, "round_s_trim_past_bound": b,
+            "speedup": a / b, "trims_past_bound": bounded.trims,
+            "clients_past_bound": 24 * reps, "reps": reps}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("what", choices=["overhead", "ranks", "memory", "all"])
+    ap.add_argument("what", choices=["overhead", "ranks", "memory", "trim", "all"])
     ap.add_argument("--work", type=Path, default=Path("/tmp/cluster_fl_bench"))
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    todo = ["overhead", "ranks", "memory"] if args.what == "all" else [args.what]
+    todo = ["overhead", "ranks", "memory", "trim"] if args.what == "all" else [args.what]
     for what in todo:
         t = time.perf_counter()
         res = {"overhead": lambda: overhead(args.work, args.reps),
                "ranks": lambda: ranks(args.work, args.rounds),
-               "memory": lambda: memory(args.work)}[what]()
+               "memory": lambda: memory(args.work),
+               "trim": lambda: trim(args.work, args.reps)}[what]()
         res["bench_wall_s"] = round(time.perf_counter() - t, 1)
         print(json.dumps({what: res}), flush=True)
     return 0
