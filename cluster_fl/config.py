@@ -30,6 +30,7 @@ CLIPPING_METHODS = (
     "pools",
 )
 INSIDE_POOL_RULES = ("size", "uniform", "flat", "ema")
+GROUPINGS = ("matrix", "layer")
 COMPONENTS = ("encoder", "connector", "decoder")
 
 
@@ -244,6 +245,11 @@ class PrivacyConfig:
     """Rule inside each pool for ``alpha-split``/``pools``: size, uniform, flat, ema."""
     pools: tuple[Mapping[str, Any], ...] | None = None
     """For ``pools``: ``[{name, components: [...], share}, ...]`` with shares summing to 1."""
+    grouping: str = "matrix"
+    """What one per-layer threshold covers: ``matrix`` (each LoRA A / B matrix and connector
+    weight / bias) or ``layer`` (all matrices of one transformer layer of one component, the
+    connector as one layer: the paper's per-layer clipping). Flat clipping and pool membership
+    do not depend on it; see ``cluster_fl.groups.clipping_units``."""
     delta: float = 1e-5
     """Target δ."""
     accountant: str = "rdp"
@@ -298,6 +304,7 @@ class PrivacyConfig:
         _range(self.noise_multiplier, "privacy.noise_multiplier", 0.0, None)
         _range(self.alpha, "privacy.alpha", 0.0, 1.0, lo_open=True, hi_open=True)
         _in(self.inside_pool, INSIDE_POOL_RULES, "privacy.inside_pool")
+        _in(self.grouping, GROUPINGS, "privacy.grouping")
         _range(self.delta, "privacy.delta", 0.0, 1.0, lo_open=True, hi_open=True)
         _in(self.accountant, ("rdp", "pld"), "privacy.accountant")
         if self.target_epsilon is not None:

@@ -224,7 +224,7 @@ def release_cells(rec: Recording, s: Settings) -> tuple[dict[str, dict], dict | 
     p = s.cfg.privacy
     r = rec.releases
     names = list(r["noised_mean"])
-    thr = {g["name"]: g.get("threshold") for g in rec.groups}
+    thr = canary_thresholds(rec.groups)
     sizes = [int(np.prod(r["noised_mean"][g].shape[1:])) for g in names]
     if p.mechanism == "none" or any(thr.get(g) is None for g in names):
         canary = not_measured("no DP mechanism or no per-group thresholds in groups.json")
@@ -250,6 +250,27 @@ def release_cells(rec: Recording, s: Settings) -> tuple[dict[str, dict], dict | 
     zeros = zero_cell(r["noised_mean"], s)
     return ({"canary_epsilon": canary, "speaker_probe": not_measured(why_probe),
              "zero_support": zeros}, canary if isinstance(canary, dict) else None)
+
+
+def canary_thresholds(groups: list[dict]) -> dict[str, float | None]:
+    """Per-group canary radii from ``groups.json`` whose joint norm is the policy's C.
+
+    A group reports its clipping unit's threshold C_u (``privacy.grouping``); under ``layer``
+    grouping several groups share one unit, so radii C_u·√(p_h/p_u) split C_u² over the unit's
+    groups by size (Σ_{h∈u} radius_h² = C_u², the worst case the unit allows). Rows without a
+    ``unit`` (older run folders) or with unit = name (``matrix``) keep their own threshold."""
+    size: dict[str, int] = {}
+    for g in groups:
+        unit = g.get("unit", g["name"])
+        size[unit] = size.get(unit, 0) + int(g["numel"])
+    out: dict[str, float | None] = {}
+    for g in groups:
+        c, unit = g.get("threshold"), g.get("unit", g["name"])
+        if c is None or size[unit] == int(g["numel"]):
+            out[g["name"]] = c
+        else:
+            out[g["name"]] = float(c) * float(np.sqrt(int(g["numel"]) / size[unit]))
+    return out
 
 
 def side_cells(rec: Recording, s: Settings) -> dict[str, dict]:

@@ -1,9 +1,22 @@
-"""Clipping policies: one ``ClipPolicy`` class, pools of groups, and a dict registry of builders.
+"""Clipping policies: one ``ClipPolicy`` class, pools of units, and a dict registry of builders.
 
 A policy partitions the trainable groups into pools k with budget shares α_k (Σ α_k = 1). Inside
-a pool a *rule* gives each member a weight w_h (Σ_pool w_h = 1) and the threshold is
-C_h = C·√(α_k·w_h), so Σ_h C_h² = C² and the joint L2 sensitivity of a clipped update is C. A
-``flat`` rule instead clips the pool's concatenated slice to C_k = C·√α_k.
+a pool the per-layer rules clip *units* (``privacy.grouping``, ``cluster_fl.groups.ClipUnit``):
+``matrix`` (default) -- a unit is one group (a LoRA A or B matrix, a connector weight or bias);
+``layer`` -- a unit is every group of one transformer layer of one component (q/k/v LoRA A and B
+of decoder layer 3; the connector is one layer), the paper's per-layer clipping. A *rule* gives
+each unit u a weight w_u (Σ_pool w_u = 1), the threshold is C_u = C·√(α_k·w_u), and a unit is
+clipped as one vector: one norm ‖Δ_u‖ (of its groups' concatenation), one threshold, one scale
+min(1, C_u/‖Δ_u‖) for every group of the unit. Σ_u C_u² = C² whatever the grouping (the units
+partition the groups), so ‖clip(Δ)‖² = Σ_u ‖clip(Δ)_u‖² ≤ Σ_u C_u² = C²: the joint L2
+sensitivity is C and the accountant is unchanged. A ``flat`` rule instead clips the pool's
+concatenated slice to C_k = C·√α_k (flat clipping and pools do not depend on the grouping).
+
+Reported thresholds (``thresholds()``, rounds.parquet ``threshold/<group>``, groups.json) are
+per group: each group reports its unit's threshold C_u, the bound its unit was clipped to (under
+``matrix`` the group's own, as before). With ``layer`` the per-group values are therefore not a
+partition of C² (Σ_h C_h² ≥ C², every member repeats C_u); ``unit_thresholds()`` is, and
+groups.json names each group's ``unit``, so a reader (the audit's canary) can rebuild it.
 
 Sensitivity: for EVERY input, NaN/±Inf/1e30 included, ‖clip(Δ)‖₂ ≤ C. Norms are computed in
 float64 with max-scaling (no overflow), a clipped group is scaled a hair (2⁻²⁰) below its
@@ -11,14 +24,17 @@ threshold so the final cast cannot round it over, and a non-finite update become
 (``nonfinite=True``; the engine counts it). Output tensors keep their dtype, promoted to ≥ float32.
 
 Registry names are exactly ``config.CLIPPING_METHODS``. Rules:
-* ``size``: w_h ∝ p_h;  ``uniform``: w_h = 1/|pool|;  ``flat``: one threshold per pool.
+* ``size``: w_u ∝ p_u (unit size);  ``uniform``: w_u = 1/|units in pool|;  ``flat``: one
+  threshold per pool.
 * ``uniform-ema``/``size-ema`` (and inside-pool ``ema`` = size-based EMA): see ``adaptive.py``.
-* ``quantile``: per-group adaptive quantile clipping (Andrew et al. 2021), starts from ``size``.
-* ``probe``: static allocation from public probe norms m_h (``privacy.probe_norms``): C_h ∝ m_h,
-  i.e. w_h = m_h² / Σ m_k². Why: the Gaussian noise added to the sum is N(0, σ²C²) on every
-  coordinate whatever the allocation, so the allocation only changes the clipping bias; with
-  norms ≈ m_h, minimising Σ_h (m_h − C_h)₊² subject to Σ C_h² = C² gives C_h = m_h/(1+λ), i.e.
-  thresholds proportional to the typical norms (every group clipped by the same factor).
+* ``quantile``: per-unit adaptive quantile clipping (Andrew et al. 2021), starts from ``size``.
+* ``probe``: static allocation from public probe norms m_u (``privacy.probe_norms``, per group;
+  a layer's m_u² = Σ_{h∈u} m_h²): C_u ∝ m_u, i.e. w_u = m_u² / Σ m_k². Why: the Gaussian noise
+  added to the sum is N(0, σ²C²) on every coordinate whatever the allocation, so the allocation
+  only changes the clipping bias; with norms ≈ m_u, minimising Σ_u (m_u − C_u)₊² subject to
+  Σ C_u² = C² gives C_u = m_u/(1+λ), i.e. thresholds proportional to the typical norms (every
+  unit clipped by the same factor).
+* The adaptive statistics (EMA norms, quantile indicators) have one entry per unit.
 * ``alpha-split``: pool "encoder" (component encoder) gets α, pool "decoder" (connector, decoder
   and anything else) gets 1−α; inside rule ``privacy.inside_pool``.
 * ``pools``: ``privacy.pools`` = [{name, components, share}], inside rule ``privacy.inside_pool``.
@@ -30,6 +46,7 @@ and Σ C_h² = C² still holds. The policy records this in ``notes``.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
@@ -37,7 +54,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from cluster_fl.config import ConfigError, PrivacyConfig
-from cluster_fl.groups import GroupSpec
+from cluster_fl.groups import ClipUnit, GroupSpec, clipping_units
 from cluster_fl.privacy.adaptive import indicator_statistic, norm_statistic
 from cluster_fl.privacy.rules import make_rule
 
@@ -48,12 +65,14 @@ MARGIN = 2.0 ** -20
 
 @dataclass(frozen=True)
 class PoolSpec:
-    """A pool: its ``name``, member group names (in policy order), budget ``share`` α_k, rule."""
+    """A pool: its ``name``, member group names (in policy order), budget ``share`` α_k, rule,
+    and its clipping ``units`` (unit names in policy order; empty = one unit per group)."""
 
     name: str
     groups: tuple[str, ...]
     share: float
     rule: str
+    units: tuple[str, ...] = ()
 
 
 @dataclass
@@ -100,27 +119,43 @@ def combine_norms(norms: Sequence[float]) -> float:
 
 
 class ClipPolicy:
-    """Per-pool clipping with thresholds C_h = C·√(α_k·w_h); see the module docstring.
+    """Per-pool clipping with thresholds C_u = C·√(α_k·w_u) per clipping unit; see the module
+    docstring. Sensitivity: ‖clip(Δ)‖₂ ≤ C for every input and every grouping.
 
-    Adaptive policies (``adaptive`` is "ema" or "quantile") learn only from the noised sum of
-    per-client statistics passed to :meth:`update`; static ones have ``statistic_size == 0``.
+    ``units`` are the clipping units (default: one per group, ``matrix`` grouping); a pool's
+    rule weighs its ``PoolSpec.units``. Adaptive policies (``adaptive`` is "ema" or "quantile")
+    learn only from the noised sum of per-client statistics passed to :meth:`update`; static
+    ones have ``statistic_size == 0``.
     """
 
     def __init__(self, method: str, groups: Sequence[GroupSpec],
                  pools: Sequence[tuple[PoolSpec, Any]], clip_norm: float, *,
+                 units: Sequence[ClipUnit] | None = None,
                  adaptive_private: bool = True, stat_clip: float = 1.0,
                  stat_noise_multiplier: float = 1.0, notes: Sequence[str] = ()) -> None:
         self.method = method
         self.groups = tuple(groups)
         self.clip_norm = float(clip_norm)
         self.notes = tuple(notes)
-        self._pools = [p for p, _ in pools]
+        self.units = tuple(units) if units is not None else tuple(clipping_units(self.groups))
+        self._pools = [p if p.units else dataclasses.replace(p, units=p.groups)
+                       for p, _ in pools]
         self._rules = [r for _, r in pools]
         self._names = [g.name for g in self.groups]
         self._index = {n: i for i, n in enumerate(self._names)}
-        covered = sorted(h for p in self._pools for h in p.groups)
-        if covered != sorted(self._names):
-            raise ValueError("pools must partition the groups exactly")
+        self._members = {u.name: u.members for u in self.units}
+        self._unit_names = [u.name for u in self.units]
+        self._unit_index = {n: i for i, n in enumerate(self._unit_names)}
+        self._unit_of = {h: u.name for u in self.units for h in u.members}
+        if sorted(self._unit_of) != sorted(self._names) or \
+                sum(len(u.members) for u in self.units) != len(self._names):
+            raise ValueError("units must partition the groups exactly")
+        covered = sorted(u for p in self._pools for u in p.units)
+        if covered != sorted(self._unit_names):
+            raise ValueError("pools must partition the units exactly")
+        for p in self._pools:
+            if sorted(p.groups) != sorted(h for u in p.units for h in self._members[u]):
+                raise ValueError(f"pool {p.name!r}: groups are not its units' members")
         kinds = {r.adaptive for r in self._rules} - {None}
         if len(kinds) > 1:
             raise ValueError(f"a policy mixes adaptive rules {sorted(kinds)}")
@@ -140,27 +175,45 @@ class ClipPolicy:
         """C_k = C·√α_k per pool (Σ C_k² = C²)."""
         return {p.name: self.clip_norm * math.sqrt(p.share) for p in self._pools}
 
-    def thresholds(self) -> dict[str, float]:
-        """Current per-group thresholds (a flat pool's groups report the pool threshold)."""
+    def unit_thresholds(self) -> dict[str, float]:
+        """Current per-unit thresholds C_u, Σ_u C_u² = C² (a flat pool's units report the pool
+        threshold)."""
         out: dict[str, float] = {}
         for pool, rule in zip(self._pools, self._rules):
             if rule.flat:
-                for h in pool.groups:
-                    out[h] = self.clip_norm * math.sqrt(pool.share)
+                for u in pool.units:
+                    out[u] = self.clip_norm * math.sqrt(pool.share)
             else:
-                for h, w in zip(pool.groups, rule.weights()):
-                    out[h] = self.clip_norm * math.sqrt(pool.share * w)
-        return {h: out[h] for h in self._names}
+                for u, w in zip(pool.units, rule.weights()):
+                    out[u] = self.clip_norm * math.sqrt(pool.share * w)
+        return {u: out[u] for u in self._unit_names}
+
+    def thresholds(self) -> dict[str, float]:
+        """Current per-group thresholds: each group reports its unit's threshold (a flat pool's
+        groups the pool threshold); under ``matrix`` grouping Σ_h C_h² = C²."""
+        unit = self.unit_thresholds()
+        return {h: unit[self._unit_of[h]] for h in self._names}
+
+    def unit_of(self) -> dict[str, str]:
+        """Group name → clipping unit name."""
+        return dict(self._unit_of)
 
     def pool_of(self) -> dict[str, str]:
         """Group name → pool name."""
         return {h: p.name for p in self._pools for h in p.groups}
 
     def group_table(self) -> list[dict[str, Any]]:
-        """[{name, component, numel, pool, threshold}] in group order (``groups.json``)."""
+        """[{name, component, numel, pool, unit, threshold}] in group order (``groups.json``);
+        ``threshold`` is the unit's."""
         thr, pool = self.thresholds(), self.pool_of()
         return [{"name": g.name, "component": g.component, "numel": g.numel,
-                 "pool": pool[g.name], "threshold": thr[g.name]} for g in self.groups]
+                 "pool": pool[g.name], "unit": self._unit_of[g.name], "threshold": thr[g.name]}
+                for g in self.groups]
+
+    def _unit_norms(self, norms: Mapping[str, float]) -> dict[str, float]:
+        """‖Δ_u‖ from the group norms (a one-group unit: the group's norm, exactly)."""
+        return {u: (norms[m[0]] if len(m) == 1 else combine_norms([norms[h] for h in m]))
+                for u, m in self._members.items()}
 
     # ---- clipping ---------------------------------------------------------------------
     def clip(self, update: Mapping[str, torch.Tensor]) -> ClipResult:
@@ -170,12 +223,14 @@ class ClipPolicy:
         if missing or extra:
             raise ValueError(f"update groups do not match the policy: missing {missing[:3]}, "
                              f"unexpected {extra[:3]}")
-        thr = self.thresholds()
+        unit_thr = self.unit_thresholds()
+        thr = {h: unit_thr[self._unit_of[h]] for h in self._names}
         pool_thr = self.pool_thresholds()
         nonfinite = not all(bool(torch.isfinite(update[h]).all()) for h in self._names)
         if nonfinite:
             return self._zero_result(update, thr)
         norms = {h: safe_norm(update[h]) for h in self._names}
+        unit_norms = self._unit_norms(norms)
         factors: dict[str, float] = {}
         clipped: dict[str, bool] = {}
         pool_norms, pool_clipped, pool_retained = {}, {}, {}
@@ -186,17 +241,19 @@ class ClipPolicy:
                 f = pool_thr[pool.name] / pn * (1.0 - MARGIN) if hit else 1.0
                 for h in pool.groups:
                     factors[h], clipped[h] = f, hit
-            else:
-                for h in pool.groups:
-                    hit = norms[h] > thr[h]
-                    factors[h] = thr[h] / norms[h] * (1.0 - MARGIN) if hit else 1.0
-                    clipped[h] = hit
+            else:  # one norm, one threshold, one factor per unit, shared by its groups
+                for u in pool.units:
+                    hit = unit_norms[u] > unit_thr[u]
+                    f = unit_thr[u] / unit_norms[u] * (1.0 - MARGIN) if hit else 1.0
+                    for h in self._members[u]:
+                        factors[h], clipped[h] = f, hit
             # ‖clipped slice‖ from the factors; written as min() so an inf norm gives 0 not NaN
             if rule.flat:
                 kept = min(pn, pool_thr[pool.name] * (1.0 - MARGIN))
             else:
-                kept = combine_norms([min(norms[h], thr[h] * (1.0 - MARGIN)) if clipped[h]
-                                      else norms[h] for h in pool.groups])
+                kept = combine_norms([min(unit_norms[u], unit_thr[u] * (1.0 - MARGIN))
+                                      if clipped[self._members[u][0]] else unit_norms[u]
+                                      for u in pool.units])
             pool_norms[pool.name] = pn
             pool_clipped[pool.name] = any(clipped[h] for h in pool.groups)
             pool_retained[pool.name] = (kept / pn if math.isfinite(pn) else 0.0) if pn > 0 else 1.0
@@ -225,8 +282,8 @@ class ClipPolicy:
     # ---- adaptive statistics ----------------------------------------------------------
     @property
     def statistic_size(self) -> int:
-        """Length of one client's statistic vector (0 for static policies)."""
-        return len(self._names) if self.adaptive else 0
+        """Length of one client's statistic vector: one entry per unit (0 for static policies)."""
+        return len(self._unit_names) if self.adaptive else 0
 
     @property
     def statistic_sensitivity(self) -> float:
@@ -235,7 +292,7 @@ class ClipPolicy:
             return 0.0
         if not self.adaptive_private:
             return math.inf
-        return self.stat_clip if self.adaptive == "ema" else math.sqrt(len(self._names)) / 2.0
+        return self.stat_clip if self.adaptive == "ema" else math.sqrt(len(self._unit_names)) / 2.0
 
     @property
     def statistic_noise_std(self) -> float:
@@ -252,10 +309,12 @@ class ClipPolicy:
                else self.clip(result_or_update))
         if self.adaptive == "ema":
             bound = self.stat_clip if self.adaptive_private else None
-            vals = norm_statistic([res.group_norms[h] for h in self._names], bound)
-        else:
-            flags = None if res.nonfinite else [not res.group_clipped[h] for h in self._names]
-            vals = indicator_statistic(flags, len(self._names))
+            unit_norms = self._unit_norms(res.group_norms)
+            vals = norm_statistic([unit_norms[u] for u in self._unit_names], bound)
+        else:  # a unit's groups share one clip decision: read it from its first member
+            flags = None if res.nonfinite else [not res.group_clipped[self._members[u][0]]
+                                                for u in self._unit_names]
+            vals = indicator_statistic(flags, len(self._unit_names))
         return torch.tensor(vals, dtype=torch.float64)
 
     def update(self, noised_statistic_sum: torch.Tensor | None, denominator: float) -> None:
@@ -266,28 +325,32 @@ class ClipPolicy:
         if not denominator > 0:
             raise ValueError(f"denominator must be > 0, got {denominator}")
         v = torch.as_tensor(noised_statistic_sum, dtype=torch.float64).flatten().tolist()
-        if len(v) != len(self._names) or not all(math.isfinite(x) for x in v):
-            raise ValueError("statistic sum must be finite with one entry per group")
+        if len(v) != len(self._unit_names) or not all(math.isfinite(x) for x in v):
+            raise ValueError("statistic sum must be finite with one entry per clipping unit")
         mean = [x / float(denominator) for x in v]
         if self.adaptive == "quantile":
             mean = [m + 0.5 for m in mean]  # un-centre: fraction of clients not clipped
         for pool, rule in zip(self._pools, self._rules):
             if rule.adaptive:
-                rule.observe([mean[self._index[h]] for h in pool.groups])
+                rule.observe([mean[self._unit_index[u]] for u in pool.units])
         self.rounds_updated += 1
 
     # ---- checkpointing ----------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume bitwise (plain floats; exact through torch.save/JSON)."""
-        return {"method": self.method, "groups": list(self._names),
-                "rounds_updated": self.rounds_updated,
-                "rules": [r.state_dict() if hasattr(r, "state_dict") else None
-                          for r in self._rules]}
+        state = {"method": self.method, "groups": list(self._names),
+                 "rounds_updated": self.rounds_updated,
+                 "rules": [r.state_dict() if hasattr(r, "state_dict") else None
+                           for r in self._rules]}
+        if self._unit_names != self._names:  # layer grouping; matrix states stay as they were
+            state["units"] = list(self._unit_names)
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore :meth:`state_dict` output (same method and groups)."""
-        if state["method"] != self.method or list(state["groups"]) != self._names:
-            raise ValueError("policy state is for a different method or group layout")
+        """Restore :meth:`state_dict` output (same method, groups and clipping units)."""
+        if state["method"] != self.method or list(state["groups"]) != self._names or \
+                list(state.get("units", state["groups"])) != self._unit_names:
+            raise ValueError("policy state is for a different method, group layout or grouping")
         for r, s in zip(self._rules, state["rules"]):
             if s is not None:
                 r.load_state_dict(s)
@@ -311,10 +374,15 @@ def build_pooled(method: str, cfg: PrivacyConfig, groups: Sequence[GroupSpec],
                  partition: Sequence[tuple[str, Callable[[GroupSpec], bool], float]],
                  rule: str) -> ClipPolicy:
     """A policy from ``(pool name, membership test, share)``; empty pools are dropped and the
-    remaining shares renormalised (recorded in ``notes``)."""
+    remaining shares renormalised (recorded in ``notes``). Membership is by group; a clipping
+    unit (``privacy.grouping``) never straddles pools, since it lies in one component."""
     if not groups:
         raise ConfigError("model", "no trainable groups to clip")
+    units = clipping_units(groups, cfg.grouping)
     notes, members = [], []
+    if cfg.grouping != "matrix":
+        notes.append(f"privacy.grouping={cfg.grouping}: {len(units)} clipping units over "
+                     f"{len(groups)} groups; each group reports its unit's threshold")
     for name, test, share in partition:
         mine = [g for g in groups if test(g)]
         if mine:
@@ -324,12 +392,15 @@ def build_pooled(method: str, cfg: PrivacyConfig, groups: Sequence[GroupSpec],
     total = math.fsum(s for _, _, s in members)
     pools = []
     for name, mine, share in members:
-        spec = PoolSpec(name, tuple(g.name for g in mine), share / total, rule)
-        pools.append((spec, make_rule(rule, mine, cfg)))
+        names = {g.name for g in mine}
+        pool_units = [u for u in units if u.members[0] in names]  # ClipPolicy checks the rest
+        spec = PoolSpec(name, tuple(g.name for g in mine), share / total, rule,
+                        tuple(u.name for u in pool_units))
+        pools.append((spec, make_rule(rule, pool_units, cfg)))
     # keep pool member order = policy group order
-    return ClipPolicy(method, groups, pools, cfg.clip_norm, adaptive_private=cfg.adaptive_private,
-                      stat_clip=cfg.stat_clip, stat_noise_multiplier=cfg.stat_noise_multiplier,
-                      notes=notes)
+    return ClipPolicy(method, groups, pools, cfg.clip_norm, units=units,
+                      adaptive_private=cfg.adaptive_private, stat_clip=cfg.stat_clip,
+                      stat_noise_multiplier=cfg.stat_noise_multiplier, notes=notes)
 
 
 def _single_pool(method: str, rule: str) -> PolicyBuilder:

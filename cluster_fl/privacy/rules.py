@@ -1,9 +1,11 @@
 """Inside-pool allocation rules and their factory.
 
-A rule gives each member group h of a pool a weight w_h > 0 with Σ_pool w_h = 1 (the policy sets
-C_h = C·√(α_k·w_h)); ``flat`` rules instead mark the pool for one joint threshold. Static rules
-are here; the adaptive ones (EMA, quantile) are in ``adaptive.py``. The probe rule's allocation
-(C_h ∝ public probe norm m_h) is derived in ``clipping.py``'s docstring.
+A rule gives each member unit u of a pool a weight w_u > 0 with Σ_pool w_u = 1 (the policy sets
+C_u = C·√(α_k·w_u)); ``flat`` rules instead mark the pool for one joint threshold. A unit is a
+clipping unit (``cluster_fl.groups.ClipUnit``): one group under ``privacy.grouping: matrix``, one
+transformer layer under ``layer``; its size p_u is the sum of its groups' sizes. Static rules are
+here; the adaptive ones (EMA, quantile) are in ``adaptive.py``. The probe rule's allocation
+(C_u ∝ public probe norm m_u) is derived in ``clipping.py``'s docstring.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from cluster_fl.config import ConfigError, PrivacyConfig
-from cluster_fl.groups import GroupSpec
+from cluster_fl.groups import ClipUnit
 from cluster_fl.privacy.adaptive import EmaWeights, QuantileWeights, normalise
 
 
@@ -68,8 +70,8 @@ def load_probe_norms(path: str | None, names: Sequence[str]) -> list[float]:
     return [float(v) for v in vals]
 
 
-def make_rule(rule: str, members: Sequence[GroupSpec], cfg: PrivacyConfig) -> Any:
-    """The inside-pool rule object for ``rule`` over ``members``."""
+def make_rule(rule: str, members: Sequence[ClipUnit], cfg: PrivacyConfig) -> Any:
+    """The inside-pool rule object for ``rule`` over the pool's units ``members``."""
     sizes = [float(g.numel) for g in members]
     if rule == "size":
         return StaticWeights(sizes)
@@ -84,6 +86,9 @@ def make_rule(rule: str, members: Sequence[GroupSpec], cfg: PrivacyConfig) -> An
     if rule == "quantile":
         return QuantileWeights(sizes, target=cfg.quantile_target, lr=cfg.quantile_lr)
     if rule == "probe":
-        norms = load_probe_norms(cfg.probe_norms, [g.name for g in members])
-        return StaticWeights([m * m for m in norms])
+        # probe files hold per-group norms (``calibrate``); a unit's norm is that of its groups'
+        # concatenation, m_u² = Σ_{h∈u} m_h², so w_u ∝ m_u² = Σ m_h²
+        names = [h for u in members for h in u.members]
+        norms = dict(zip(names, load_probe_norms(cfg.probe_norms, names)))
+        return StaticWeights([math.fsum(norms[h] * norms[h] for h in u.members) for u in members])
     raise ValueError(f"unknown rule {rule!r}")
