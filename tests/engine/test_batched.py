@@ -170,7 +170,9 @@ def test_a_nonfinite_client_does_not_contaminate_its_block(world, block, moved_s
 def test_blocks_are_formed_from_the_cohort_and_sharded_whole():
     sizes = [5, 1, 7, 7, 2, 9, 3]
     blocks = cohort_mod.blocks([0, 2, 3, 4, 5, 6], sizes, 4)
-    assert blocks == [[4, 6, 0, 2], [3, 5]]  # by (size, index), cut into fours
+    assert blocks == [[4, 6, 0], [2, 3, 5]]  # by (size, index), two blocks of (at most) four
+    assert [len(b) for b in cohort_mod.blocks(list(range(24)), [1] * 24, 16)] == [12, 12]
+    assert [len(b) for b in cohort_mod.blocks(list(range(7)), [1] * 7, 3)] == [3, 2, 2]
     lanes = cohort_mod.shard_blocks(blocks, sizes, 2)
     assert sorted(map(tuple, sum(lanes, []))) == sorted(map(tuple, blocks))
     # one client a block: exactly the per-client split
