@@ -269,3 +269,21 @@ def test_batched_resume_equals_the_uninterrupted_run_bit_for_bit(tiny_corpus, ba
     resumed = read_run(folder)
     assert bitwise_differences(resumed["state"], batched_one["state"]) == []
     assert bitwise_differences(resumed["rows"], batched_one["rows"]) == []
+
+
+def test_a_zero_lr_multiplier_freezes_a_component_in_a_block_as_alone(world, block, moved_state):
+    # client.lr_encoder_mult = 0: the encoder groups get no update in either path (no decay,
+    # no moments), the other groups still match the one-client update
+    from cluster_fl.engine.client import ClientRunner
+
+    cfg = replace(world.cfg, {"client.lr_encoder_mult": 0.0})
+    r = world.engine.runner
+    runner = ClientRunner(r.model, r.params, r.groups, cfg.fl, cfg.client, r.make_batches, r.seed,
+                          r.placement)
+    seq = [runner.train(i, it, moved_state, 1) for i, it in block[:3]]
+    bat = list(runner.train_cohort(block[:3], moved_state, 1))
+    for a, b in zip(seq, bat):
+        enc = [k for k in a.delta if k.startswith("encoder.")]
+        assert enc and all(torch.count_nonzero(b.delta[k]) == 0 for k in enc)
+        assert all(torch.count_nonzero(a.delta[k]) == 0 for k in enc)
+        assert _rel(a.delta, b.delta) < REL_TOL
