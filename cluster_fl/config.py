@@ -512,6 +512,14 @@ class Config:
     pretrain: PretrainConfig = field(default_factory=PretrainConfig)
     run: RunConfig = field(default_factory=RunConfig)
 
+    def __post_init__(self) -> None:
+        # a lane of G > 1 ranks trains one client at a time (each member a slice of its batch)
+        _check(self.fl.clients_per_step == 1 or self.model.shard_group_size == 1,
+               "fl.clients_per_step",
+               f"got {self.fl.clients_per_step} with model.shard_group_size "
+               f"{self.model.shard_group_size}; batched clients need unsharded lanes "
+               "(model.shard_group_size: 1) -- use fl.clients_per_step: 1 with sharded lanes")
+
 
 SECTIONS: dict[str, type] = {
     "model": ModelConfig, "data": DataConfig, "fl": FLConfig, "client": ClientConfig,

@@ -178,9 +178,9 @@ class ClientRunner:
         if len(block) == 1:
             yield self.train(block[0][0], block[0][1], global_state, round_)
             return
-        if self.placement.sharded:
-            raise ValueError("fl.clients_per_step > 1 needs model.shard: none (a lane of G ranks "
-                             "trains one client at a time)")
+        if self.placement.sharded:  # the config refuses it too (Config.__post_init__)
+            raise ValueError("fl.clients_per_step > 1 needs model.shard_group_size: 1 (a lane of "
+                             "G ranks trains one client at a time)")
         result = train_block(self, block, global_state, round_)
         for j, (client, utterances) in enumerate(block):
             yield ClientUpdate(client=client, delta=result.deltas[j], n_samples=len(utterances),

@@ -287,3 +287,12 @@ def test_a_zero_lr_multiplier_freezes_a_component_in_a_block_as_alone(world, blo
         assert enc and all(torch.count_nonzero(b.delta[k]) == 0 for k in enc)
         assert all(torch.count_nonzero(a.delta[k]) == 0 for k in enc)
         assert _rel(a.delta, b.delta) < REL_TOL
+
+
+def test_batched_clients_with_sharded_lanes_is_a_config_error():
+    from cluster_fl.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="fl.clients_per_step.*model.shard_group_size: 1"):
+        load_config(None, ["fl.clients_per_step=4", "model.shard=fsdp2",
+                           "model.shard_group_size=2"])
+    assert load_config(None, ["fl.clients_per_step=4", "model.shard=fsdp2"]).fl.clients_per_step == 4
