@@ -179,8 +179,9 @@ def train_block(runner: Any, block: Sequence[tuple[int, Sequence[object]]],
                 per = torch.zeros(k, dtype=sums.dtype, device=sums.device).index_add(0, row, sums)
                 scale = torch.tensor([1.0 / n_tok[j] if j in n_tok else 0.0 for j in range(k)],
                                      dtype=sums.dtype, device=sums.device)
-                (per * scale).sum().backward()
-            step_loss += (per * scale).detach().double().cpu()
+                client_loss = per * scale  # each client's share of its own mean loss
+                client_loss.sum().backward()
+            step_loss += client_loss.detach().double().cpu()
         on = torch.tensor([j in parts for j in range(k)], device=dev)
         if ccfg.max_grad_norm > 0:
             _clip_per_client([t for t in stacks.values() if t.grad is not None],
