@@ -468,7 +468,13 @@ class PretrainConfig:
     """Weight of the auxiliary CTC loss on the encoder (0 = off)."""
     ctc_warmstart: float = 0.3
     """Share of the budget (time or steps) that trains only the encoder on CTC, before joint
-    training (0 = joint from the start)."""
+    training (0 = joint from the start). With ``mode: separate``: the encoder's share."""
+    mode: str = "joint"
+    """``joint``: the whole speech-LLM trains on the public speakers (after the CTC warm-start).
+    ``separate``: the paper's starting point -- the encoder trains on CTC (audio of the public
+    speakers), then the decoder trains alone as a character LM on their transcripts; the
+    connector keeps its random init and the decoder never sees audio, so the federated stage
+    has to learn the speech-to-LLM mapping (issue 14)."""
     heldout_speakers: int = 8
     """Public speakers per language held out to measure WER during pretraining. Per-speaker WER
     spreads widely (SD ~0.19 between voices), so 2 per language made a yardstick that moved by
@@ -491,6 +497,11 @@ class PretrainConfig:
         _range(self.batch_size, "pretrain.batch_size", 1, None, integer=True)
         _range(self.ctc_weight, "pretrain.ctc_weight", 0.0, 100.0)
         _range(self.ctc_warmstart, "pretrain.ctc_warmstart", 0.0, 1.0, hi_open=True)
+        _check(self.mode in ("joint", "separate"), "pretrain.mode",
+               f"must be joint or separate, got {self.mode!r}")
+        _check(self.mode == "joint" or self.ctc_warmstart > 0.0, "pretrain.ctc_warmstart",
+               "mode separate trains the encoder in the first ctc_warmstart of the budget; "
+               "set it > 0")
         _range(self.heldout_speakers, "pretrain.heldout_speakers", 0, None, integer=True)
         _range(self.eval_every, "pretrain.eval_every", 0, None, integer=True)
         _range(self.eval_utterances, "pretrain.eval_utterances", 0, None, integer=True)

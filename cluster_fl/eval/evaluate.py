@@ -28,10 +28,11 @@ def _field(item: Any, *names: str) -> Any:
 
 
 def transcribe(model: SpeechLLM, utterances: Sequence[Any], batch_size: int = 32,
-               max_new_tokens: int = 64) -> list[str]:
+               max_new_tokens: int = 64, ctc: bool = False) -> list[str]:
     """Greedy hypotheses for items with ``features`` / ``transcript`` / ``language``, in order.
 
-    Items are batched by length (less padding); results come back in input order.
+    Items are batched by length (less padding); results come back in input order. ``ctc``:
+    the encoder's CTC head transcribes instead of the decoder (an encoder-only yardstick).
     """
     order = sorted(range(len(utterances)),
                    key=lambda i: _field(utterances[i], "features").shape[-1])
@@ -43,17 +44,19 @@ def transcribe(model: SpeechLLM, utterances: Sequence[Any], batch_size: int = 32
                          else _field(u, "features") for u in items],
                         [_field(u, "transcript", "text") for u in items],
                         [_field(u, "language") for u in items])
-        for i, h in zip(chunk, greedy_decode(model, batch, max_new_tokens)):
+        out = (model.ctc_transcribe(batch) if ctc
+               else greedy_decode(model, batch, max_new_tokens))
+        for i, h in zip(chunk, out):
             hyps[i] = h
     return hyps
 
 
 def evaluate(model: SpeechLLM, utterances: Sequence[Any], batch_size: int = 32,
-             max_new_tokens: int = 64, bootstrap: int = 1000, seed: int = 0
+             max_new_tokens: int = 64, bootstrap: int = 1000, seed: int = 0, ctc: bool = False
              ) -> tuple[dict[str, float], list[dict[str, Any]]]:
     """(summary, rows): pooled / per-language WER and CER with speaker-bootstrap CIs, and one
-    row per utterance in the ``eval.parquet`` layout."""
-    hyps = transcribe(model, utterances, batch_size, max_new_tokens)
+    row per utterance in the ``eval.parquet`` layout (``ctc``: see :func:`transcribe`)."""
+    hyps = transcribe(model, utterances, batch_size, max_new_tokens, ctc)
     rows = score_rows(utterances, hyps)
     return summarize(rows, bootstrap=bootstrap, seed=seed), rows
 

@@ -218,6 +218,34 @@ class SpeechLLM(nn.Module):
         states, enc_len = self.encode(batch.features.to(dev), batch.lengths.to(dev))
         return self._ctc_loss(states, enc_len, batch.texts)
 
+    def text_loss(self, texts: Sequence[str], languages: Sequence[str | None]) -> torch.Tensor:
+        """The decoder alone as a language model: mean cross-entropy of ``[prompt | text]`` with no
+        audio tokens (a text-pretrained LLM's objective; the encoder and connector do not run)."""
+        d = self.decoder.get_input_embeddings().weight.shape[1]
+        none = torch.zeros(len(texts), 1, d, device=self.device)
+        emb, attn, tgt = self._decoder_inputs(none, torch.zeros(len(texts), dtype=torch.long),
+                                              texts, languages)
+        hidden = self.decoder.model(inputs_embeds=emb, attention_mask=attn,
+                                    use_cache=False).last_hidden_state
+        keep = tgt != IGNORE
+        return nn.functional.cross_entropy(self.decoder.lm_head(hidden[keep]).float(), tgt[keep])
+
+    @torch.no_grad()
+    def ctc_transcribe(self, batch: Batch | Mapping[str, Any]) -> list[str]:
+        """Greedy CTC transcripts from the encoder and its CTC head (best path: argmax per frame,
+        repeats merged, blanks dropped): the encoder's own yardstick, without the decoder."""
+        if self.ctc_head is None:
+            raise ValueError(f"{self.arch} has no CTC head (only random-init tiny models do)")
+        batch = as_batch(batch)
+        dev = self.device
+        states, enc_len = self.encode(batch.features.to(dev), batch.lengths.to(dev))
+        best = self.ctc_head(states).argmax(-1).tolist()
+        blank, texts = self.tokenizer.pad_id, []
+        for row, n in zip(best, enc_len.tolist()):
+            ids = [t for i, t in enumerate(row[:n]) if t != blank and (i == 0 or t != row[i - 1])]
+            texts.append(self.tokenizer.decode(ids))
+        return texts
+
     def _decoder_inputs(self, audio: torch.Tensor, n_audio: torch.Tensor, texts: Sequence[str],
                         languages: Sequence[str | None]
                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

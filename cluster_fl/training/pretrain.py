@@ -5,6 +5,10 @@ with an auxiliary CTC loss on the encoder (weight ``pretrain.ctc_weight``), Adam
 warm-up then cosine decay over the budget (steps or wall-clock minutes, whichever ends first).
 The first ``pretrain.ctc_warmstart`` of the budget trains only the encoder on CTC: from random
 init the encoder is the slow part, and an encoder-only step costs ~40% of a joint one.
+With ``pretrain.mode: separate`` the second phase trains only the decoder, as a character LM on
+the public transcripts (no audio), and the connector keeps its random init: the stand-in for a
+speech encoder and an LLM pretrained apart, which the federated stage then joins (the paper's
+setting); held-out WER is then the encoder's greedy CTC WER.
 A few public speakers per language are held out to report WER while training. The checkpoint
 (+ tokenizer) is written atomically to ``pretrain.out``; federated runs start from it through
 ``model.checkpoint``. A finished checkpoint is reused unless ``--force``; an unfinished one is
@@ -91,7 +95,7 @@ def train(model: SpeechLLM, examples: Sequence[Any], *, lr: float, batch_size: i
           ctc_warmstart: float = 0.0, final_lr: float = 0.1, seed: int = 0, eval_every: int = 0,
           on_eval: Callable[[int, float, int | None], None] | None = None,
           optimizer: torch.optim.Optimizer | None = None, start_step: int = 0,
-          start_elapsed: float = 0.0, joint_start: int | None = None,
+          start_elapsed: float = 0.0, joint_start: int | None = None, separate: bool = False,
           log: Callable[[str], None] = print) -> dict[str, Any]:
     """Train all weights of ``model`` on ``examples``; returns step, elapsed_s, losses, optimizer.
 
@@ -100,7 +104,8 @@ def train(model: SpeechLLM, examples: Sequence[Any], *, lr: float, batch_size: i
     costs ~40% of a joint one, and the encoder is what the joint model learns slowest); the rest
     trains everything on cross-entropy + ``ctc_weight`` x CTC. ``joint_start`` is the step at
     which the joint phase began (None: not yet), for resuming. ``on_eval(step, elapsed, joint_start)``
-    runs every ``eval_every`` steps (its time counts in the budget).
+    runs every ``eval_every`` steps (its time counts in the budget). ``separate``: the phase
+    after the warm-start trains the decoder alone on the transcripts (a text LM).
     """
     if steps <= 0 and minutes <= 0:
         raise ValueError("train: give steps or minutes")
@@ -126,18 +131,22 @@ def train(model: SpeechLLM, examples: Sequence[Any], *, lr: float, batch_size: i
         if joint_start is None and progress >= ctc_warmstart:
             joint_start = step
             if ctc_warmstart > 0.0:
-                log(f"step {step:6d}  {elapsed / 60:5.1f} min  CTC warm-start done; "
-                    "training encoder, connector and decoder")
+                log(f"step {step:6d}  {elapsed / 60:5.1f} min  CTC warm-start done; training "
+                    + ("the decoder alone on the transcripts" if separate
+                       else "encoder, connector and decoder"))
         if not queue:
             queue = batch_order(lengths, batch_size, rng)
         idx = queue.pop()
-        batch = collate([examples[i].features for i in idx], [examples[i].transcript for i in idx],
-                        [examples[i].language for i in idx])
+        texts, langs = [examples[i].transcript for i in idx], [examples[i].language for i in idx]
+        lm_only = separate and joint_start is not None
+        batch = None if lm_only else collate([examples[i].features for i in idx], texts, langs)
         for group in opt.param_groups:
             group["lr"] = lr * _phase_lr_factor(step, progress, warmup_steps, ctc_warmstart,
                                                 joint_start, final_lr)
         if joint_start is None:
             loss = model.ctc_loss(batch)
+        elif lm_only:
+            loss = model.text_loss(texts, langs)
         else:
             loss, _ = model.loss(batch, ctc_weight=ctc_weight)
         opt.zero_grad(set_to_none=True)
@@ -147,7 +156,7 @@ def train(model: SpeechLLM, examples: Sequence[Any], *, lr: float, batch_size: i
         losses.append(float(loss.detach()))
         step += 1
         if step % 50 == 0:
-            phase = "ctc" if joint_start is None else "loss"
+            phase = "ctc" if joint_start is None else "lm" if separate else "loss"
             log(f"step {step:6d}  {elapsed / 60:5.1f} min  {phase} {np.mean(losses[-50:]):.3f}  "
                 f"lr {opt.param_groups[0]['lr']:.2e}")
         if eval_every and on_eval is not None and step % eval_every == 0:
@@ -178,6 +187,11 @@ def pretrain(cfg: Config, examples: Sequence[Any] | None = None, force: bool = F
     out = Path(pc.out).expanduser()
     if not get_arch(cfg.model.arch).tiny:
         raise UserError(f"pretrain trains tiny models; model.arch is {cfg.model.arch!r}")
+    separate = pc.mode == "separate"
+    if (out / "meta.json").is_file() and not force and read_meta(out).get("mode", "joint") != pc.mode:
+        raise UserError(f"pretrain: {out} holds a pretrain.mode={read_meta(out).get('mode', 'joint')} "
+                        f"checkpoint, this config asks for {pc.mode}; use another pretrain.out "
+                        "or --force")
     if (out / "meta.json").is_file() and read_meta(out).get("done") and not force:
         meta = read_meta(out)
         log(f"pretrained checkpoint found at {out} (WER {meta.get('wer')}); use --force to redo")
@@ -212,21 +226,24 @@ def pretrain(cfg: Config, examples: Sequence[Any] | None = None, force: bool = F
 
     def checkpoint(step: int, elapsed: float, done: bool, joint: int | None) -> float:
         """Evaluate (once the decoder trains) and write the checkpoint and training state."""
-        if joint is None:  # CTC warm-start: the decoder is untrained, decoding it is wasted time
-            wer = float("nan")
+        if joint is None and not separate:  # CTC warm-start: decoding an untrained decoder
+            wer = float("nan")                  # is wasted time
         elif history and history[-1]["step"] == step:  # evaluated at this step already
             wer = history[-1]["wer"]
         else:
             wer = float("nan")
             if heldout:
                 summary, _ = evaluate(model, heldout, batch_size=cfg.eval.batch_size,
-                                      max_new_tokens=cfg.eval.max_new_tokens, bootstrap=0)
+                                      max_new_tokens=cfg.eval.max_new_tokens, bootstrap=0,
+                                      ctc=separate)
                 wer = summary["wer"]
             history.append({"step": step, "elapsed_s": round(elapsed, 1), "wer": wer})
-            log(f"step {step:6d}  {elapsed / 60:5.1f} min  held-out WER {wer:.3f}")
+            log(f"step {step:6d}  {elapsed / 60:5.1f} min  held-out "
+                f"{'CTC (encoder) ' if separate else ''}WER {wer:.3f}")
         save_checkpoint(model, model.tokenizer, out, extra={
             "done": done, "step": step, "elapsed_s": elapsed, "wer": wer, "history": history,
-            "ctc_warmstart_steps": joint})
+            "ctc_warmstart_steps": joint, "mode": pc.mode,
+            "wer_kind": "encoder CTC greedy" if separate else "speech-LLM greedy"})
         tmp = out / "train_state.pt.tmp"
         torch.save({"step": step, "elapsed_s": elapsed, "history": history,
                     "joint_start": joint, "optimizer": opt.state_dict()}, tmp)
@@ -240,7 +257,7 @@ def pretrain(cfg: Config, examples: Sequence[Any] | None = None, force: bool = F
                    seed=cfg.run.seed, eval_every=pc.eval_every,
                    on_eval=lambda s, e, j: checkpoint(s, e, False, j), optimizer=opt,
                    start_step=start_step, start_elapsed=start_elapsed, joint_start=joint_start,
-                   log=log)
+                   separate=separate, log=log)
     # A budget spent entirely on the CTC warm-start still gets its (poor) WER measured.
     joint = result["joint_start"] if result["joint_start"] is not None else result["step"]
     wer = checkpoint(result["step"], result["elapsed_s"], True, joint)

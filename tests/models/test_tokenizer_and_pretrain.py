@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -176,3 +177,85 @@ def test_pretraining_resumes_inside_the_ctc_warmstart(tmp_path, tiny_corpus):
     assert torch.load(tmp_path / "pre" / "train_state.pt", weights_only=False)["joint_start"] == 1
     with pytest.raises(Exception, match="ctc_warmstart"):
         load_config(None, ["pretrain.ctc_warmstart=1"])
+
+
+def test_separate_pretraining_trains_the_encoder_then_the_decoder_never_the_connector(utterances):
+    """mode separate: CTC on the encoder, then the decoder alone as a text LM; the connector keeps
+    its init and the encoder does not move in the LM phase."""
+    torch.manual_seed(0)
+    model = build_base(ModelConfig())
+    ex = utterances[:8]
+    conn, dec = _snapshot(model.connector), _snapshot(model.decoder)
+    train(model, ex, lr=3e-3, batch_size=4, ctc_weight=0.5, steps=3, seed=0, ctc_warmstart=0.9,
+          separate=True, log=lambda s: None)
+    assert not _changed(model.decoder, dec)
+    enc = _snapshot(model.encoder)
+    logs: list[str] = []
+    out = train(model, ex, lr=3e-3, batch_size=4, ctc_weight=0.5, steps=40, seed=0,
+                ctc_warmstart=0.5, separate=True, log=logs.append)
+    assert out["joint_start"] == 20 and _changed(model.decoder, dec)
+    assert not _changed(model.connector, conn)
+    assert any("decoder alone" in line for line in logs)
+    lm = out["losses"][20:]
+    assert np.mean(lm[-5:]) < 0.8 * np.mean(lm[:5])  # the LM learns the transcripts
+    # the LM phase computes no encoder gradient: the encoder moved only in the CTC phase
+    enc_after_ctc = _snapshot(model.encoder)
+    train(model, ex, lr=3e-3, batch_size=4, ctc_weight=0.5, steps=2, seed=0, ctc_warmstart=0.0,
+          separate=True, joint_start=0, log=lambda s: None)
+    assert not _changed(model.encoder, enc_after_ctc) and _changed(model.encoder, enc)
+
+
+def test_text_loss_matches_the_speech_loss_without_audio_tokens(utterances):
+    """The LM objective is the speech-LLM's transcript loss with zero audio tokens: the same
+    targets and positions (checked through a connector that outputs nothing)."""
+    torch.manual_seed(0)
+    model = build_base(ModelConfig()).eval()
+    texts = [u.transcript for u in utterances[:3]]
+    langs = [u.language for u in utterances[:3]]
+    lm = model.text_loss(texts, langs)
+    d = model.decoder.get_input_embeddings().weight.shape[1]
+    emb, attn, tgt = model._decoder_inputs(torch.zeros(3, 1, d), torch.zeros(3, dtype=torch.long),
+                                           texts, langs)
+    assert int(attn.sum()) == sum(len(model.tokenizer.prompt_ids(g)) +
+                                  len(model.tokenizer.encode(t)) for t, g in zip(texts, langs))
+    assert int((tgt != -100).sum()) == sum(model.target_counts(texts))
+    assert torch.isfinite(lm) and float(lm.detach()) > 0
+
+
+def test_ctc_transcribe_merges_repeats_and_drops_blanks(utterances):
+    torch.manual_seed(0)
+    model = build_base(ModelConfig()).eval()
+    tok = model.tokenizer
+    target = tok.encode("ab ba")
+    frames = [tok.pad_id, target[0], target[0], tok.pad_id, target[1], target[2], target[2],
+              target[3], tok.pad_id, target[3], target[4]]  # a a _ b ' ' ' ' b _ b a
+
+    class Path(torch.nn.Module):
+        def forward(self, states):
+            n = states.shape[1]
+            logits = torch.full((states.shape[0], n, len(tok.symbols)), -1.0)
+            for i in range(n):
+                logits[:, i, frames[i] if i < len(frames) else tok.pad_id] = 1.0
+            return logits
+
+    model.ctc_head = Path()
+    batch = {"features": [utterances[0].features], "texts": ["x"], "languages": ["en"]}
+    assert model.ctc_transcribe(batch) == ["ab bba"]
+
+
+def test_separate_mode_needs_its_encoder_share_and_is_not_mixed_with_joint(tmp_path, tiny_corpus):
+    with pytest.raises(Exception, match="ctc_warmstart"):
+        load_config(None, ["pretrain.mode=separate", "pretrain.ctc_warmstart=0"])
+    with pytest.raises(Exception, match="pretrain.mode"):
+        load_config(None, ["pretrain.mode=apart"])
+    base = [f"pretrain.out={tmp_path / 'pre'}", "pretrain.minutes=0", "pretrain.eval_every=0",
+            "pretrain.heldout_speakers=1", "pretrain.batch_size=4", "pretrain.eval_utterances=3",
+            "pretrain.steps=2", f"data.corpus={tiny_corpus}", "data.languages=[en, de, fr]",
+            f"data.feature_cache={tmp_path / 'features'}", "eval.max_new_tokens=2"]
+    logs: list[str] = []
+    result = pretrain(load_config(None, base + ["pretrain.mode=separate"]), log=logs.append)
+    assert 0.0 <= result["wer"] and any("CTC (encoder) WER" in line for line in logs)
+    meta = json.loads((tmp_path / "pre" / "meta.json").read_text())
+    assert meta["mode"] == "separate" and meta["wer_kind"] == "encoder CTC greedy"
+    with pytest.raises(Exception, match="pretrain.mode=separate"):
+        pretrain(load_config(None, base), log=lambda s: None)
