@@ -1,7 +1,9 @@
-"""``cluster-fl table RESULTS... [--format md|csv|latex] [--out FILE]``: the paper's tables.
+"""``cluster-fl table RESULTS... [--format md|csv|latex] [--out FILE] [--against METHOD]``.
 
 The statistics (mean ± std over seeds, speaker-clustered bootstrap CIs, ε and per-pool σ) are
-:mod:`cluster_fl.experiments.table`. A damaged results file is a one-line error naming it.
+:mod:`cluster_fl.experiments.table`; ``--against METHOD`` prints instead every method paired
+against METHOD over seeds and speakers (Δ WER, CI, one-sided p; :mod:`cluster_fl.experiments.compare`).
+A damaged results file is a one-line error naming it.
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", choices=sorted(FORMATS), default="md")
     parser.add_argument("--out", default=None, help="write to this file instead of stdout")
     parser.add_argument("--bootstrap", type=int, default=BOOTSTRAP, help="bootstrap resamples")
+    parser.add_argument("--against", default=None, metavar="METHOD",
+                        help="paired comparison of every method against METHOD (e.g. flat): "
+                             "Δ WER, 95%% CI, one-sided p (md or csv)")
 
 def _damaged(paths: Sequence[str], exc: Exception) -> UserError:
     """The error for a results file that does not read: name the first damaged file found."""
@@ -47,7 +52,15 @@ def run(args: argparse.Namespace) -> int:
         runs = find_runs(args.results)
         if not runs:
             raise UserError(f"no run folders (final.parquet) under {' '.join(args.results)}")
-        text = FORMATS[args.format](summarise(runs, args.bootstrap))
+        if args.against:
+            from cluster_fl.experiments.compare import (compare, comparisons_csv,
+                                                        comparisons_markdown)
+            if args.format == "latex":
+                raise UserError("--against writes md or csv")
+            rows = compare(runs, args.against)
+            text = (comparisons_csv if args.format == "csv" else comparisons_markdown)(rows)
+        else:
+            text = FORMATS[args.format](summarise(runs, args.bootstrap))
     except (pa.ArrowException, OSError) as exc:
         raise _damaged(args.results, exc) from None
     if args.out:

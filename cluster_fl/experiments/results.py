@@ -38,8 +38,13 @@ class Run:
 
     @property
     def condition(self) -> str:
-        """``frozen`` or ``unfrozen`` (the paper's ``-e`` suffix) encoder."""
-        return "frozen" if bool(self.final.get("freeze_encoder")) else "unfrozen"
+        """``frozen`` or ``unfrozen`` (the paper's ``-e`` suffix) encoder; a trained encoder with a
+        client LR multiplier other than 1 says so (``unfrozen enc-lr×0.1``: the study's heavy
+        regime), so runs of two regimes never share a table cell."""
+        if bool(self.final.get("freeze_encoder")):
+            return "frozen"
+        mult = self.config.get("client", {}).get("lr_encoder_mult", 1.0)
+        return "unfrozen" if mult in (None, 1.0) else f"unfrozen enc-lr×{float(mult):g}"
 
     @property
     def method(self) -> str:
