@@ -15,6 +15,15 @@
   (encoder pool) and σ/√(1−α) (connector + decoder pool), with the runs' recorded σ_k as points.
 * ``wer_vs_alpha.png`` -- WER (mean ± std over seeds) against α per arch × condition, with flat
   DP as a dashed reference where present.
+* ``wer_by_method.png`` -- one panel per arch × condition: WER per method (bar: mean over seeds,
+  whisker: the WER table's 95% speaker-clustered CI, dots: the seeds), the starting model
+  (``round-0``) as a dotted line where present.
+* ``clip_rates__<arch>__<condition>.png`` -- the fraction of clients clipped per round, one line
+  per DP method (mean over seeds).
+
+In ``norms__<cell>.png`` a method with per-group thresholds also shows each group's reported
+threshold C_h (mean over rounds; under ``privacy.grouping: layer`` a group carries its layer's
+threshold, which bounds the layer's joint norm).
 """
 
 from __future__ import annotations
@@ -107,6 +116,10 @@ def plot_norms(runs: Sequence[Run], title: str, path: Path) -> bool:
     for comp, colour in COLOURS.items():
         if any(g["component"] == comp for g, _ in norms):
             ax.bar([0], [0], color=colour, label=comp)
+    thresholds = [_mean_over_rounds(runs, f"threshold/{g['name']}") for g, _ in norms]
+    if any(math.isfinite(t) and t > 0 for t in thresholds):
+        ax.scatter(x, thresholds, marker="_", s=120, color="k", zorder=3,
+                   label="clipping threshold C_h (mean over rounds)")
     ax.set_yscale("log")
     ax.set_xticks(x if len(norms) <= 40 else [])
     if len(norms) <= 40:
@@ -233,6 +246,71 @@ def plot_wer_vs_alpha(runs: Sequence[Run], path: Path) -> bool:
     return _save(fig, path)
 
 
+def plot_wer_by_method(runs: Sequence[Run], path: Path) -> bool:
+    """Bars of mean WER per method with the table's CI, the seeds as dots, one panel per
+    arch × condition."""
+    from cluster_fl.experiments.results import method_key
+    from cluster_fl.experiments.table import summarise
+
+    cells = [c for c in summarise(runs, resamples=1000) if c.method != "round-0"]
+    if not cells:
+        return False
+    start = {(c.arch, c.condition): c.mean for c in summarise(
+        [r for r in runs if r.method == "round-0"], resamples=10)}
+    panels = list(dict.fromkeys((c.arch, c.condition) for c in cells))
+    plt = _plt()
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 4), squeeze=False,
+                             sharey=True)
+    for ax, (arch, cond) in zip(axes[0], panels):
+        mine = sorted([c for c in cells if (c.arch, c.condition) == (arch, cond)],
+                      key=lambda c: method_key(c.method))
+        x = np.arange(len(mine))
+        means = np.array([c.mean for c in mine])
+        low = np.array([c.ci_low if math.isfinite(c.ci_low) else c.mean for c in mine])
+        high = np.array([c.ci_high if math.isfinite(c.ci_high) else c.mean for c in mine])
+        ax.bar(x, means, color="#c7d7e8", edgecolor="k", width=0.7)
+        ax.errorbar(x, means, yerr=[np.maximum(means - low, 0), np.maximum(high - means, 0)],
+                    fmt="none", ecolor="k",
+                    capsize=4, label="95% CI (speakers, pooled over seeds)")
+        for i, c in enumerate(mine):
+            ax.scatter(np.full(c.n, i) + np.linspace(-0.15, 0.15, c.n), [r.wer for r in c.runs],
+                       s=12, color="tab:red", zorder=3, label="seeds" if i == 0 else None)
+        if (arch, cond) in start:
+            ax.axhline(start[(arch, cond)], color="grey", ls=":",
+                       label="starting model (round 0)")
+        ax.set_xticks(x)
+        ax.set_xticklabels([f"{c.method}\n(n={c.n})" for c in mine], rotation=45, ha="right",
+                           fontsize=7)
+        ax.set_title(f"{arch} · {cond}", fontsize=9)
+        ax.legend(fontsize=6, loc="upper left")
+    axes[0][0].set_ylabel("WER")
+    return _save(fig, path)
+
+
+def plot_clip_rates(runs: Sequence[Run], title: str, path: Path) -> bool:
+    """Fraction of clients clipped per round, one line per DP method (mean over seeds)."""
+    by_method = defaultdict(list)
+    for r in runs:
+        if r.rounds and any(row.get("clip_rate") is not None for row in r.rounds) \
+                and r.method not in ("fedavg", "round-0"):
+            by_method[r.method].append(r)
+    if not by_method:
+        return False
+    from cluster_fl.experiments.results import method_key
+
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for method in sorted(by_method, key=method_key):
+        ax.plot(*_per_round(by_method[method], "clip_rate"), marker=".", label=method)
+    ax.set_ylim(-0.02, 1.05)
+    ax.set_xlabel("round")
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.set_ylabel("clients clipped (any pool/group)")
+    ax.set_title(title + _noise_note([r for rs in by_method.values() for r in rs]), fontsize=9)
+    ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
 def make_figures(runs: Sequence[Run], out: Path) -> list[Path]:
     """Every figure the runs support; returns the files written."""
     out.mkdir(parents=True, exist_ok=True)
@@ -250,6 +328,11 @@ def make_figures(runs: Sequence[Run], out: Path) -> list[Path]:
             p = out / f"flat_dynamics__{_slug(arch + '__' + cond)}.png"
             keep(plot_flat_dynamics(rs, f"flat DP · {arch} · {cond} encoder", p), p)
         keep(plot_pools(rs, title, out / f"pools__{slug}.png"), out / f"pools__{slug}.png")
+    for arch, cond in dict.fromkeys((r.arch, r.condition) for r in runs):
+        p = out / f"clip_rates__{_slug(arch + '__' + cond)}.png"
+        keep(plot_clip_rates([r for r in runs if (r.arch, r.condition) == (arch, cond)],
+                             f"clip rates · {arch} · {cond}", p), p)
+    keep(plot_wer_by_method(runs, out / "wer_by_method.png"), out / "wer_by_method.png")
     keep(plot_sigma_vs_alpha(runs, out / "sigma_vs_alpha.png"), out / "sigma_vs_alpha.png")
     keep(plot_wer_vs_alpha(runs, out / "wer_vs_alpha.png"), out / "wer_vs_alpha.png")
     return written
