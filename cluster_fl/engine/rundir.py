@@ -49,7 +49,8 @@ RESUME_TOLERATED = {("run", "out"), ("run", "threads"), ("run", "timeout_s"),
 _BOOKKEEPING = RESUME_TOLERATED | {("run", "experiment"), ("run", "run_id"),
                                    ("run", "checkpoint_every")}
 # keys added after runs existed: left out of the id at their default, so old ids stay valid
-_NEW_AT_DEFAULT = {("model", "dtype"): "float32", ("privacy", "grouping"): "matrix"}
+_NEW_AT_DEFAULT = {("model", "dtype"): "float32", ("privacy", "grouping"): "matrix",
+                   ("pretrain", "mode"): "joint"}
 
 
 def run_id(cfg: Config) -> str:

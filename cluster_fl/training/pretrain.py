@@ -231,15 +231,15 @@ def pretrain(cfg: Config, examples: Sequence[Any] | None = None, force: bool = F
         elif history and history[-1]["step"] == step:  # evaluated at this step already
             wer = history[-1]["wer"]
         else:
-            wer = float("nan")
+            wer = cer = float("nan")
             if heldout:
                 summary, _ = evaluate(model, heldout, batch_size=cfg.eval.batch_size,
                                       max_new_tokens=cfg.eval.max_new_tokens, bootstrap=0,
                                       ctc=separate)
-                wer = summary["wer"]
+                wer, cer = summary["wer"], summary.get("cer", float("nan"))
             history.append({"step": step, "elapsed_s": round(elapsed, 1), "wer": wer})
             log(f"step {step:6d}  {elapsed / 60:5.1f} min  held-out "
-                f"{'CTC (encoder) ' if separate else ''}WER {wer:.3f}")
+                f"{'CTC (encoder) ' if separate else ''}WER {wer:.3f}  CER {cer:.3f}")
         save_checkpoint(model, model.tokenizer, out, extra={
             "done": done, "step": step, "elapsed_s": elapsed, "wer": wer, "history": history,
             "ctc_warmstart_steps": joint, "mode": pc.mode,
