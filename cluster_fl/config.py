@@ -88,6 +88,13 @@ class ModelConfig:
     """LoRA dropout probability."""
     checkpoint: str | None = None
     """Directory of a ``cluster-fl pretrain`` checkpoint (tiny models) to start from."""
+    connector_init: str = "checkpoint"
+    """``checkpoint``: the connector as ``model.checkpoint`` holds it. ``fresh``: re-initialise it
+    (PyTorch's default init, seed ``connector_seed``) after loading a pretrained (LoRA-free)
+    checkpoint -- the paper's starting point, a new projector between a pretrained encoder and a
+    pretrained LLM that the federated stage has to learn (issue 14)."""
+    connector_seed: int = 0
+    """Seed of the ``fresh`` connector init: one starting point shared by every method and seed."""
     encoder_path: str | None = None
     """Local path / HF-cache name of the real audio encoder (``from_pretrained``; never downloads)."""
     decoder_path: str | None = None
@@ -112,6 +119,11 @@ class ModelConfig:
     def __post_init__(self) -> None:
         _check(isinstance(self.arch, str) and self.arch != "", "model.arch", "must be a name")
         _in(self.dtype, ("float32", "bfloat16", "float16"), "model.dtype")
+        _in(self.connector_init, ("checkpoint", "fresh"), "model.connector_init")
+        _check(self.connector_init == "checkpoint" or self.checkpoint is not None,
+               "model.connector_init", "fresh re-initialises the connector of model.checkpoint; "
+               "set model.checkpoint (without one every weight is fresh already)")
+        _range(self.connector_seed, "model.connector_seed", 0, None, integer=True)
         _in(self.shard, ("none", "fsdp2", "deepspeed"), "model.shard")
         _range(self.shard_group_size, "model.shard_group_size", 1, 4096, integer=True)
         _check(self.shard_group_size == 1 or self.shard != "none", "model.shard_group_size",

@@ -82,6 +82,18 @@ def load_checkpoint(directory: str | Path, model_cfg: ModelConfig | None = None)
     return model
 
 
+def reinit_connector(model: SpeechLLM, seed: int) -> None:
+    """Give every layer of the connector PyTorch's default init, drawn from ``seed`` alone (the
+    global RNG is left as it was)."""
+    layers = [m for m in model.connector.modules() if hasattr(m, "reset_parameters")]
+    if not layers:
+        raise UserError(f"{model.arch}: the connector has no layer to re-initialise")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        for m in layers:
+            m.reset_parameters()
+
+
 def build_model(model_cfg: ModelConfig, tokenizer: Tokenizer | None = None) -> SpeechLLM:
     """The model a run trains: base (``model.checkpoint`` when given) plus LoRA from the config.
 
@@ -93,6 +105,11 @@ def build_model(model_cfg: ModelConfig, tokenizer: Tokenizer | None = None) -> S
     meta = read_meta(model_cfg.checkpoint)
     model = load_checkpoint(model_cfg.checkpoint, model_cfg)
     lora = meta.get("lora")
+    if model_cfg.connector_init == "fresh" and lora is not None:
+        raise UserError(f"model.connector_init=fresh: {model_cfg.checkpoint} is a federated "
+                        "checkpoint (it carries LoRA); start from a pretrained one")
+    if model_cfg.connector_init == "fresh":
+        reinit_connector(model, model_cfg.connector_seed)
     if lora is None:
         return apply_lora(model, model_cfg)
     if (lora["rank"], lora["freeze_encoder"]) != (model_cfg.lora_rank, model_cfg.freeze_encoder):
