@@ -8,9 +8,8 @@
    pretrained model before any federated round, scored on the same evaluation set by the same
    evaluation) beside the methods, so the table shows what federated training changed.
 
-The round-0 score is kept as ``<out>/demo/<arch>_<condition>_round-0_s<seed>_<hash>/`` holding
-``final.parquet`` (method ``round-0``, 0 rounds, ε 0: nothing of the private clients was used) and
-``eval.parquet``, so ``cluster-fl table`` shows it too.
+The round-0 score is kept under ``<out>/demo/`` (``cluster_fl.experiments.round0``), so
+``cluster-fl table`` shows it too.
 
 Everything is cached under ``--cache`` (default ``$CLUSTER_FL_CACHE`` or ``~/.cache/cluster_fl``),
 so a second run skips steps 1-2 and finished runs.
@@ -19,15 +18,14 @@ so a second run skips steps 1-2 and finished runs.
 from __future__ import annotations
 
 import argparse
-import hashlib
-import json
 import sys
 import time
 from pathlib import Path
 
-from cluster_fl.config import Config, load_config, replace, to_dict
+from cluster_fl.config import load_config, replace
 from cluster_fl.data.corpus import DEFAULT_FOLDER, default_cache
 from cluster_fl.engine.rundir import is_done, run_dir
+from cluster_fl.experiments.round0 import evaluate_round0
 from cluster_fl.errors import UserError
 
 DEMO_CONFIG = Path(__file__).resolve().parents[1] / "assets" / "demo.yaml"
@@ -124,40 +122,11 @@ def run(args: argparse.Namespace) -> int:
         except Preempted as exc:
             _say(f"   stopped by signal ({exc.folder}); run the demo again to resume")
             return PREEMPTED_EXIT
-    start = _round0(replace(cfg, {"run.experiment": "demo"}))
+    start = evaluate_round0(replace(cfg, {"run.experiment": "demo"}), say=_say)
     _say("4/4 results")
     print(to_markdown(summarise(find_runs([start, *folders]))))
     _say(f"done in {time.perf_counter() - t0:.0f}s; run folders under {out / 'demo'}")
     return 0
-
-
-def _round0(cfg: Config) -> Path:
-    """The folder holding the starting model's evaluation (see the module docstring); made once
-    per model, data, evaluation and seed."""
-    from cluster_fl.engine.metrics import read_rows, write_rows
-    from cluster_fl.engine.train import evaluate_start
-
-    tree = to_dict(cfg)
-    key = json.dumps({k: tree[k] for k in ("model", "data", "eval")} | {"seed": cfg.run.seed},
-                     sort_keys=True)
-    condition = "frozen" if cfg.model.freeze_encoder else "unfrozen"
-    folder = (Path(cfg.run.out).expanduser() / cfg.run.experiment /
-              f"{cfg.model.arch}_{condition}_round-0_s{cfg.run.seed}_"
-              f"{hashlib.sha1(key.encode()).hexdigest()[:8]}")
-    cached = (folder / "final.parquet").is_file()
-    if not cached:
-        summary, rows = evaluate_start(cfg)
-        folder.mkdir(parents=True, exist_ok=True)
-        write_rows(folder / "eval.parquet", rows)
-        write_rows(folder / "final.parquet", [{
-            "run_id": folder.name, "experiment": cfg.run.experiment, "arch": cfg.model.arch,
-            "freeze_encoder": cfg.model.freeze_encoder, "method": "round-0", "seed": cfg.run.seed,
-            "rounds": 0, "epsilon": 0.0, "delta": cfg.privacy.delta, **summary}])
-    final = read_rows(folder / "final.parquet")[0]
-    _say(f"   round 0 (the starting model, before federated training): WER "
-         f"{final.get('wer', float('nan')):.4f} on the same evaluation set"
-         + (" (cached)" if cached else ""))
-    return folder
 
 
 def _manifest_line(manifest: dict) -> str:

@@ -1,4 +1,5 @@
-"""``cluster-fl grid GRID [--cluster local|slurm|debug] [--dry-run] [--wait]``: submit a grid.
+"""``cluster-fl grid GRID [--cluster local|slurm|debug] [--dry-run] [--wait] [--round0]``: submit a
+grid.
 
 Expansion, submission with submitit, waiting and the run-folder bookkeeping are
 :mod:`cluster_fl.experiments.grid`; this command prints the plan and the outcome. Exit 1 when a
@@ -12,6 +13,7 @@ import argparse
 from cluster_fl.config import parse_override
 from cluster_fl.experiments.grid import CLUSTERS, TrainFn, check_resources, plan, submit
 from cluster_fl.experiments.gridspec import load_grid, run_folder
+from cluster_fl.experiments.round0 import score_round0
 from cluster_fl.experiments.status import format_states
 
 
@@ -21,6 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="slurm: one array job; local: local processes; debug: in this process")
     parser.add_argument("--dry-run", action="store_true", help="print what would run, submit nothing")
     parser.add_argument("--wait", action="store_true", help="block until the submitted runs end")
+    parser.add_argument("--round0", action="store_true",
+                        help="also score the starting model (table row round-0) of each "
+                             "arch x condition x seed here, once (cached), before submitting")
     parser.add_argument("--out", default=None, help="results root (default: the grid's 'out')")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="key=value",
                         help="override for every run (repeatable), e.g. --set fl.rounds=2")
@@ -40,6 +45,8 @@ def run(args: argparse.Namespace, train_fn: TrainFn | None = None) -> int:
             print(f"would submit {spec.run_id}  ({axes} seed={spec.seed}) -> {run_folder(spec.config)}")
         print(f"dry run: {len(todo)} of {len(states)} runs would be submitted to {args.cluster}")
         return 0
+    if args.round0:
+        score_round0(grid, extra)
     jobs, failed = submit(grid, todo, args.cluster, train_fn=train_fn, wait=args.wait)
     ids = sorted({str(j.job_id).split("_")[0] for j in jobs})
     print(f"submitted {len(jobs)} runs to {args.cluster}" + (f" (job {', '.join(ids)})" if ids else ""))

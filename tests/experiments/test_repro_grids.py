@@ -8,7 +8,8 @@ import pytest
 from cluster_fl.experiments.gridspec import expand, load_grid
 
 REPO = Path(__file__).resolve().parents[2]
-METHODS = ["fedavg", "flat", "uniform", "size", "uniform-ema", "size-ema", "alpha-split",
+# the findings' methods first, so a study cut short still has them
+METHODS = ["fedavg", "flat", "uniform", "alpha-split", "uniform-ema", "size-ema", "size",
            "pools-3"]
 
 
@@ -27,6 +28,8 @@ def test_repro_grid_parses_and_expands_to_every_method_and_seed(regime, encoder_
         assert cfg.client.lr_encoder_mult == encoder_lr_mult
         assert cfg.privacy.noise_multiplier == 0.1 and cfg.privacy.grouping == "layer"
         assert cfg.model.arch == "whisper-tinyllama-tiny" and cfg.run.device == "cpu"
+        # the starting point of item 1: a pretrained model whose connector FL has to learn
+        assert cfg.model.connector_init == "fresh" and cfg.model.checkpoint.endswith("repro-joint5")
     by_method = {s.axes["method"]: s.config.privacy for s in specs if s.seed == 0}
     assert by_method["fedavg"].mechanism == "none"
     assert all(p.mechanism == "gaussian" for m, p in by_method.items() if m != "fedavg")
@@ -35,5 +38,9 @@ def test_repro_grid_parses_and_expands_to_every_method_and_seed(regime, encoder_
     assert pools.clipping == "pools"
     assert [(p["name"], tuple(p["components"])) for p in pools.pools] == [
         ("encoder", ("encoder",)), ("connector", ("connector",)), ("decoder", ("decoder",))]
-    text = path.read_text()  # the values the pilot and `calibrate` must still fill are marked
+    # calibrate's alpha for the regime: small where the encoder's updates are small
+    assert by_method["alpha-split"].alpha == {"heavy": 0.1282, "mild": 0.5}[regime]
+    assert pools.pools[0]["share"] == pytest.approx(round(by_method["alpha-split"].alpha, 3))
+    assert sum(p["share"] for p in pools.pools) == pytest.approx(1.0)
+    text = path.read_text()  # where each sized value came from stays written beside it
     assert "PILOT" in text and "CALIBRATE" in text

@@ -1,0 +1,80 @@
+"""``grid --round0``: the starting model's score once per arch x condition x seed, cached, in the
+same table cell as the runs of its regime (the demo's round-0 row is the same code)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from cluster_fl.engine.metrics import read_rows, write_rows
+from cluster_fl.experiments.gridspec import load_grid
+from cluster_fl.experiments.results import find_runs
+from cluster_fl.experiments.round0 import score_round0
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _grid(tmp_path: Path, corpus: Path) -> Path:
+    path = tmp_path / "grid.yaml"
+    path.write_text(f"""
+experiment: r0
+out: {tmp_path / 'results'}
+set:
+  data.corpus: {corpus}
+  data.languages: [en, de, fr]
+  eval.max_utterances: 6
+  eval.bootstrap: 20
+  eval.max_new_tokens: 4
+  run.threads: 1
+axes:
+  arch:
+    - {{name: whisper-tinyllama-tiny, preset: {REPO}/configs/arch/whisper-tinyllama-tiny.yaml}}
+  condition:
+    - {{name: heavy, set: {{client.lr_encoder_mult: 0.1}}}}
+    - {{name: mild, set: {{client.lr_encoder_mult: 1.0}}}}
+  method:
+    - {{name: fedavg, preset: {REPO}/configs/method/fedavg.yaml}}
+    - {{name: flat, preset: {REPO}/configs/method/flat.yaml}}
+seeds: [0, 1]
+""")
+    return path
+
+
+def test_one_score_per_regime_and_seed_cached_and_in_its_cell(tmp_path, tiny_corpus):
+    grid = load_grid(_grid(tmp_path, tiny_corpus))
+    said: list[str] = []
+    folders = score_round0(grid, say=said.append)
+    assert len(folders) == 4 and len(set(folders)) == 4  # 2 regimes x 2 seeds, not x 2 methods
+    runs = find_runs([tmp_path / "results"])
+    assert sorted((r.method, r.condition, r.seed) for r in runs) == [
+        ("round-0", "unfrozen", 0), ("round-0", "unfrozen", 1),
+        ("round-0", "unfrozen enc-lr×0.1", 0), ("round-0", "unfrozen enc-lr×0.1", 1)]
+    assert all(r.final["rounds"] == 0 and r.final["epsilon"] == 0.0 for r in runs)
+    assert not any("cached" in s for s in said)
+
+    said.clear()
+    stamps = [(f / "final.parquet").stat().st_mtime_ns for f in folders]
+    assert score_round0(grid, say=said.append) == folders
+    assert sum("(cached)" in s for s in said) == 4
+    assert stamps == [(f / "final.parquet").stat().st_mtime_ns for f in folders]
+
+    # a folder written before the row carried its config is scored again, so it finds its cell
+    row = read_rows(folders[0] / "final.parquet")[0]
+    row.pop("config_json")
+    write_rows(folders[0] / "final.parquet", [row])
+    said.clear()
+    score_round0(grid, say=said.append)
+    assert sum("(cached)" in s for s in said) == 3
+    assert read_rows(folders[0] / "final.parquet")[0]["config_json"]
+
+
+def test_the_flag_scores_before_submitting(tmp_path, tiny_corpus, monkeypatch):
+    from cluster_fl.commands import grid as grid_cmd
+
+    order: list[str] = []
+    monkeypatch.setattr(grid_cmd, "score_round0", lambda grid, extra: order.append("round0"))
+    monkeypatch.setattr(grid_cmd, "submit", lambda *a, **k: (order.append("submit"), ([], []))[1])
+    args = argparse.Namespace(grid=str(_grid(tmp_path, tiny_corpus)), cluster="local",
+                              dry_run=False, wait=False, out=None, overrides=[], round0=True)
+    assert grid_cmd.run(args) == 0
+    assert order == ["round0", "submit"]
