@@ -44,3 +44,21 @@ def test_repro_grid_parses_and_expands_to_every_method_and_seed(regime, encoder_
     assert sum(p["share"] for p in pools.pools) == pytest.approx(1.0)
     text = path.read_text()  # where each sized value came from stays written beside it
     assert "PILOT" in text and "CALIBRATE" in text
+
+
+def test_the_private_grid_is_heavy_flat_uniform_alpha_at_epsilon_at_most_10():
+    """Item 5: the grid ready to launch -- its sigma, cohort and rounds give epsilon <= 10 at
+    delta 1e-5 over the 2,400-speaker population it names (accounted here without the corpus)."""
+    from cluster_fl.commands.account import account_report
+    from cluster_fl.config import replace
+
+    specs = expand(load_grid(REPO / "configs" / "grids" / "repro-private.yaml"))
+    assert [s.axes["method"] for s in specs[::3]] == ["flat", "uniform", "alpha-split"]
+    heavy = {s.config.client.lr_encoder_mult for s in specs}
+    assert heavy == {0.1} and {s.config.model.connector_init for s in specs} == {"fresh"}
+    cfg = replace(specs[0].config, {"privacy.population": 2400})
+    report = account_report(cfg)
+    assert report["guarantee"] == "valid" and report["delta"] == 1e-5
+    assert report["sampling_rate"] == pytest.approx(0.1)
+    assert 9.0 < report["epsilon"] <= 10.0
+    assert report["noise_multiplier_for_target"] <= cfg.privacy.noise_multiplier
