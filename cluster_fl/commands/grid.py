@@ -45,7 +45,7 @@ def run(args: argparse.Namespace, train_fn: TrainFn | None = None) -> int:
             print(f"would submit {spec.run_id}  ({axes} seed={spec.seed}) -> {run_folder(spec.config)}")
         print(f"dry run: {len(todo)} of {len(states)} runs would be submitted to {args.cluster}")
         return 0
-    if args.round0:
+    if getattr(args, "round0", False):  # callers building a Namespace may leave it out
         score_round0(grid, extra)
     jobs, failed = submit(grid, todo, args.cluster, train_fn=train_fn, wait=args.wait)
     ids = sorted({str(j.job_id).split("_")[0] for j in jobs})
