@@ -151,11 +151,13 @@ def to_markdown(cells: Sequence[Cell]) -> str:
                    + " | ".join(_cell_text(index.get((arch, cond, m))) for m in methods) + " |")
     pools = _pools(cells)
     out += ["", "Privacy: ε at δ, effective noise multiplier σ per pool", "",
-            "| arch | condition | method | ε | δ | " + " | ".join(f"σ/{p}" for p in pools) + " |",
+            "| " + " | ".join(["arch", "condition", "method", "ε", "δ"]
+                              + [f"σ/{p}" for p in pools]) + " |",
             "|---|---|---|---|---|" + "---|" * len(pools)]
-    for c in cells:
-        out.append(f"| {c.arch} | {c.condition} | {c.method} | {fmt(c.epsilon, 3)} | {c.delta:g} | "
-                   + " | ".join(fmt(c.sigmas.get(p, math.nan)) for p in pools) + " |")
+    for c in cells:  # one cell per column: no empty trailing cell when no run has pools
+        out.append("| " + " | ".join([c.arch, c.condition, c.method, fmt(c.epsilon, 3),
+                                      f"{c.delta:g}"]
+                                     + [fmt(c.sigmas.get(p, math.nan)) for p in pools]) + " |")
     return "\n".join(out) + "\n"
 
 

@@ -103,3 +103,16 @@ def test_table_formats_and_out_file(tmp_path, fmt, marker):
 def test_table_without_runs_is_a_user_error(tmp_path, capsys):
     assert main(["table", str(tmp_path)]) == 2
     assert "no run folders" in capsys.readouterr().err
+
+
+def test_privacy_table_rows_have_as_many_cells_as_its_header_without_pools(tmp_path, capsys):
+    # runs without pools (non-private ones, the starting model's) made a header with an empty
+    # trailing cell that no row had: a broken markdown table
+    write_run(tmp_path / "a", method="none", seed=0, pools=())
+    write_run(tmp_path / "b", method="none", seed=1, pools=())
+    assert main(["table", str(tmp_path), "--bootstrap", "20"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| arch | condition | method"))
+    table = [line for line in lines[start:] if line.startswith("|")]
+    assert len({line.count("|") for line in table}) == 1, table
+    assert lines[start].rstrip().endswith("| δ |")
