@@ -61,14 +61,17 @@ def _speaker_table(run: Run) -> dict[str, tuple[float, float]]:
 
 def paired_units(ref: Sequence[Run], other: Sequence[Run]
                  ) -> tuple[list[int], list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
-    """Per seed: (seeds, errors of ref, errors of other, reference words) over shared speakers."""
+    """Per seed both have: (seeds, errors of ref, errors of other, reference words) over shared
+    speakers. A seed only one of them has (a grid still running) is left out, and the
+    comparison says which seeds it paired."""
     by_seed_a = {r.seed: r for r in ref}
     by_seed_b = {r.seed: r for r in other}
-    if set(by_seed_a) != set(by_seed_b):
+    common = sorted(set(by_seed_a) & set(by_seed_b))
+    if not common:
         raise UserError(f"{ref[0].method} has seeds {sorted(by_seed_a)}, {other[0].method} "
-                        f"{sorted(by_seed_b)}: a paired comparison needs the same seeds")
+                        f"{sorted(by_seed_b)}: no seed in common, nothing pairs")
     seeds, ea, eb, ww = [], [], [], []
-    for seed in sorted(by_seed_a):
+    for seed in common:
         a, b = _speaker_table(by_seed_a[seed]), _speaker_table(by_seed_b[seed])
         if set(a) != set(b) or any(a[k][1] != b[k][1] for k in a):
             raise UserError(f"{by_seed_a[seed].folder} and {by_seed_b[seed].folder} were scored "

@@ -78,11 +78,20 @@ def test_compare_pairs_runs_by_seed_and_agrees_with_the_wer_table(tmp_path):
 
 def test_compare_refuses_what_does_not_pair(tmp_path):
     runs = _study(tmp_path / "a", shift=0.0)
-    write_run(tmp_path / "a" / "uniform_s9", method="uniform", seed=9, wer=0.3)
-    with pytest.raises(UserError, match="same seeds"):
-        compare(find_runs([tmp_path / "a"]), "flat")
+    write_run(tmp_path / "b" / "uniform_s9", method="uniform", seed=9, wer=0.3)
+    write_run(tmp_path / "b" / "flat_s8", method="flat", seed=8, wer=0.3)
+    with pytest.raises(UserError, match="no seed in common"):
+        compare(find_runs([tmp_path / "b"]), "flat")
     with pytest.raises(UserError, match="--against nothing"):
         compare(runs, "nothing")
+
+
+def test_a_grid_still_running_pairs_the_seeds_both_methods_have(tmp_path):
+    runs = _study(tmp_path, shift=0.3)
+    partial = [r for r in runs if not (r.method == "uniform" and r.seed == 2)]
+    rows = {c.method: c for c in compare(partial, "flat", resamples=500)}
+    assert rows["uniform"].seeds == [0, 1] and rows["size"].seeds == [0, 1, 2]
+    assert rows["uniform"].speakers == 48
 
 
 def test_table_against_prints_the_paired_table_and_refuses_latex(tmp_path, capsys):
