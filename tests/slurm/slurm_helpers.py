@@ -61,6 +61,19 @@ def accounting(job: str) -> dict[str, str]:
     return dict(line.split("|", 1) for line in text.splitlines() if "|" in line)
 
 
+LIVE = ("PENDING", "RUNNING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED", "CONFIGURING")
+
+
+def final_accounting(job: str, timeout: float = 120) -> dict[str, str]:
+    """``accounting(job)`` once no task of it is live any more: a run's folder says "done" (which is
+    what ``grid --wait`` watches) while its task is still exiting, and slurmdbd records the end after
+    the task has left squeue."""
+    def ended():
+        states = accounting(job)
+        return states if states and not any(s.split()[0] in LIVE for s in states.values()) else None
+    return wait_until(ended, timeout, f"job {job}'s tasks to end in sacct", every=0.5)
+
+
 def wait_until(cond: Callable[[], Any], timeout: float, what: str, every: float = 0.2) -> Any:
     end = time.time() + timeout
     while time.time() < end:

@@ -12,7 +12,7 @@ import re
 import pyarrow.parquet as pq
 import pytest
 
-from slurm_helpers import (GRID, accounting, cli, cli_background, registry, slurm, status,
+from slurm_helpers import (GRID, cli, cli_background, final_accounting, registry, slurm, status,
                            wait_until, write_grid)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
@@ -60,7 +60,7 @@ def test_grid_is_one_array_job_that_finishes_and_resubmission_submits_nothing(tm
     assert first.returncode == 0, first.stdout + first.stderr
     assert not failures(first.stdout), first.stdout
     job = job_of(first.stdout)
-    assert accounting(job) == {f"{job}_0": "COMPLETED", f"{job}_1": "COMPLETED"}  # one array job
+    assert final_accounting(job) == {f"{job}_0": "COMPLETED", f"{job}_1": "COMPLETED"}  # one array job
     script = next((out / "slurm-ci" / ".grid" / "submitit").rglob("*_submission.sh")).read_text()
     for flag in ("--array=0-1%2", "--cpus-per-task=1", "--mem=3GB", "--time=15", "--signal=USR2@60",
                  "--requeue"):
@@ -106,7 +106,7 @@ def test_runs_preempted_by_scontrol_requeue_and_by_usr2_resume_and_the_grid_repo
         # the first attempt ended without an error result (the old bug: CalledProcessError)
         err = (root / ".grid" / "submitit" / job[run] / f"{job[run]}_0_log.err").read_text()
         assert "CalledProcessError" not in err and "Traceback" not in err, err[-3000:]
-    assert set(accounting(job[FLAT].split("_")[0]).values()) == {"COMPLETED"}
+    assert set(final_accounting(job[FLAT].split("_")[0]).values()) == {"COMPLETED"}
 
 
 def test_a_cancelled_task_is_reported_failed_with_the_reason_from_its_log(tmp_path, tiny_corpus):
@@ -124,7 +124,7 @@ def test_a_cancelled_task_is_reported_failed_with_the_reason_from_its_log(tmp_pa
     assert re.search(r"\*\*\* (JOB|STEP) \S+ ON \S+ CANCELLED AT", line), line
     assert f"run {FLAT} failed" not in text and status(root / FLAT)["state"] == "done"
     # the task was not brought back by a requeue of its own
-    assert accounting(cancelled.split("_")[0])[cancelled].startswith("CANCELLED")
+    assert final_accounting(cancelled.split("_")[0])[cancelled].startswith("CANCELLED")
     assert cancelled not in slurm("squeue", "-h", "-r", "-o", "%i")
     report = cli("status", GRID, "--out", out)
     assert f"failed {SPLIT}: job {cancelled} CANCELLED" in report.stdout, report.stdout

@@ -15,7 +15,7 @@ import torch
 from cluster_fl.dist import bitwise_differences
 from cluster_fl.engine.checkpoint import load_run_checkpoint
 from cluster_fl.engine.metrics import read_rows
-from slurm_helpers import REPO, accounting, cli, slurm, status, wait_until, write_grid
+from slurm_helpers import REPO, cli, final_accounting, slurm, status, wait_until, write_grid
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
 
@@ -48,7 +48,7 @@ def test_torchrun_sbatch_runs_2_ranks_bitwise_equal_to_1_process(tmp_path, tiny_
     wait_until(lambda: not slurm("squeue", "-h", "-r", "-j", job, "-o", "%i").strip(), 300,
                f"job {job} to end", every=1.0)
     log = "\n".join(p.read_text() for p in (results / "torchrun" / ".grid" / "slurm").glob("*.out"))
-    assert accounting(job) == {f"{job}_0": "COMPLETED"}, log[-4000:]
+    assert final_accounting(job) == {f"{job}_0": "COMPLETED"}, log[-4000:]
     if nodes == 2:  # the srun step: 2 tasks on 2 nodes, one torchrun each
         steps = slurm("sacct", "-n", "-P", "-j", f"{job}_0", "-o", "JobID,NNodes,NTasks")
         assert [line.split("|")[1:] for line in steps.splitlines()
