@@ -1,5 +1,6 @@
 """The study's grids (issue 14 item 3): repro-heavy and repro-mild parse and expand to
-8 methods x 3 seeds in their regime, with the paper's σ and per-layer grouping."""
+8 methods (heavy: and an alpha sweep) x 3 seeds in their regime, with the paper's σ and
+per-layer grouping."""
 
 from pathlib import Path
 
@@ -8,9 +9,11 @@ import pytest
 from cluster_fl.experiments.gridspec import expand, load_grid
 
 REPO = Path(__file__).resolve().parents[2]
-# the findings' methods first, so a study cut short still has them
-METHODS = ["fedavg", "flat", "uniform", "alpha-split", "uniform-ema", "size-ema", "size",
-           "pools-3"]
+# the findings' methods first, so a study cut short still has them; heavy adds an alpha sweep
+METHODS = {"heavy": ["fedavg", "flat", "uniform", "alpha-split", "uniform-ema", "size-ema", "size",
+                     "pools-3", "alpha-split-0.03", "alpha-split-0.5"],
+           "mild": ["flat", "alpha-split", "size-ema", "uniform", "fedavg", "uniform-ema", "size",
+                    "pools-3"]}
 
 
 @pytest.mark.parametrize("regime, encoder_lr_mult", [("heavy", 0.1), ("mild", 1.0)])
@@ -18,10 +21,10 @@ def test_repro_grid_parses_and_expands_to_every_method_and_seed(regime, encoder_
     path = REPO / "configs" / "grids" / f"repro-{regime}.yaml"
     grid = load_grid(path)
     specs = expand(grid)
-    assert len(specs) == len(METHODS) * 3
+    assert len(specs) == len(METHODS[regime]) * 3
     assert len({s.run_id for s in specs}) == len(specs)
     assert grid.experiment == f"repro-{regime}" and grid.seeds == (0, 1, 2)
-    assert [s.axes["method"] for s in specs[::3]] == METHODS
+    assert [s.axes["method"] for s in specs[::3]] == METHODS[regime]
     for s in specs:
         cfg = s.config
         assert s.axes["condition"] == regime and not cfg.model.freeze_encoder
@@ -34,6 +37,9 @@ def test_repro_grid_parses_and_expands_to_every_method_and_seed(regime, encoder_
     assert by_method["fedavg"].mechanism == "none"
     assert all(p.mechanism == "gaussian" for m, p in by_method.items() if m != "fedavg")
     assert by_method["alpha-split"].clipping == "alpha-split"
+    for name, p in by_method.items():  # the sweep's alphas are in their names
+        if name.startswith("alpha-split-"):
+            assert p.clipping == "alpha-split" and p.alpha == float(name.split("-")[-1])
     pools = by_method["pools-3"]
     assert pools.clipping == "pools"
     assert [(p["name"], tuple(p["components"])) for p in pools.pools] == [
