@@ -1,8 +1,10 @@
-"""``cluster-fl table RESULTS... [--format md|csv|latex] [--out FILE] [--against METHOD]``.
+"""``cluster-fl table RESULTS... [--format md|csv|latex] [--out FILE] [--against METHOD | --norms]``.
 
 The statistics (mean ± std over seeds, speaker-clustered bootstrap CIs, ε and per-pool σ) are
 :mod:`cluster_fl.experiments.table`; ``--against METHOD`` prints instead every method paired
-against METHOD over seeds and speakers (Δ WER, CI, one-sided p; :mod:`cluster_fl.experiments.compare`).
+against METHOD over seeds and speakers (Δ WER, CI, one-sided p; :mod:`cluster_fl.experiments.compare`);
+``--norms`` the runs' update norms per component, decoder/encoder ratio and clip rates
+(:mod:`cluster_fl.experiments.norm_table`).
 A damaged results file is a one-line error naming it.
 """
 
@@ -25,6 +27,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--against", default=None, metavar="METHOD",
                         help="paired comparison of every method against METHOD (e.g. flat): "
                              "Δ WER, 95%% CI, one-sided p (md or csv)")
+    parser.add_argument("--norms", action="store_true",
+                        help="the runs' update norms per component, decoder/encoder ratio and "
+                             "clip rates, from their per-round diagnostics (md or csv)")
 
 def _damaged(paths: Sequence[str], exc: Exception) -> UserError:
     """The error for a results file that does not read: name the first damaged file found."""
@@ -52,7 +57,17 @@ def run(args: argparse.Namespace) -> int:
         runs = find_runs(args.results)
         if not runs:
             raise UserError(f"no run folders (final.parquet) under {' '.join(args.results)}")
-        if args.against:
+        norms = getattr(args, "norms", False)
+        if norms and (args.against or args.format == "latex"):
+            raise UserError("--norms writes md or csv, and not with --against")
+        if norms:
+            from cluster_fl.experiments.norm_table import norm_rows, norms_csv, norms_markdown
+            rows = norm_rows(runs)
+            if not rows:
+                raise UserError("no run logged per-group norms (privacy.diagnostics: exact or "
+                                f"noised) under {' '.join(args.results)}")
+            text = (norms_csv if args.format == "csv" else norms_markdown)(rows)
+        elif args.against:
             from cluster_fl.experiments.compare import (compare, comparisons_csv,
                                                         comparisons_markdown)
             if args.format == "latex":
