@@ -220,11 +220,12 @@ def plot_sigma_vs_alpha(runs: Sequence[Run], path: Path) -> bool:
 
 
 def plot_wer_vs_alpha(runs: Sequence[Run], path: Path) -> bool:
-    """WER mean ± std over seeds against α, one line per arch × condition."""
+    """WER mean ± std over seeds against α, one line per arch × condition (× grouping)."""
     lines: dict[tuple[str, str], dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
     for r in runs:
         if r.method.startswith("alpha-split"):
-            lines[(r.arch, r.condition)][float(r.final["alpha"])].append(r.wer)
+            grouping = " per-layer" if r.method.endswith(" per-layer") else ""
+            lines[(r.arch, r.condition + grouping)][float(r.final["alpha"])].append(r.wer)
     if not lines:
         return False
     plt = _plt()
@@ -236,7 +237,8 @@ def plot_wer_vs_alpha(runs: Sequence[Run], path: Path) -> bool:
         means = [np.mean(points[a]) for a in xs]
         stds = [np.std(points[a], ddof=1) if len(points[a]) > 1 else 0.0 for a in xs]
         ax.errorbar(xs, means, yerr=stds, marker="o", capsize=3, color=c, label=f"{arch} {cond}")
-        flat = [r.wer for r in runs if r.method == "flat" and (r.arch, r.condition) == (arch, cond)]
+        flat = [r.wer for r in runs if r.method == "flat"
+                and (r.arch, r.condition) == (arch, cond.removesuffix(" per-layer"))]
         if flat:
             ax.axhline(float(np.mean(flat)), color=c, ls="--", lw=1, label=f"flat ({arch} {cond})")
     ax.set_xscale("log")

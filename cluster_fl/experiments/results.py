@@ -48,12 +48,17 @@ class Run:
 
     @property
     def method(self) -> str:
-        """Method label: ``fedavg`` for no privacy, ``alpha-split α=0.05`` for split methods."""
+        """Method label: ``fedavg`` for no privacy, ``alpha-split α=0.05`` for split methods;
+        a method with per-group thresholds says ``per-layer`` when its groups are layers
+        (``privacy.grouping: layer``, the paper's), so the two groupings never share a cell."""
         method = str(self.final.get("method", "?"))
         if method == "none":
             return "fedavg"
         if method == "alpha-split":
-            return f"alpha-split α={float(self.final.get('alpha', float('nan'))):g}"
+            method = f"alpha-split α={float(self.final.get('alpha', float('nan'))):g}"
+        if method not in ("flat", "round-0") \
+                and self.config.get("privacy", {}).get("grouping") == "layer":
+            method += " per-layer"
         return method
 
     @property

@@ -11,7 +11,7 @@ from cluster_fl.experiments.gridspec import expand, load_grid
 REPO = Path(__file__).resolve().parents[2]
 # the findings' methods first, so a study cut short still has them; heavy adds an alpha sweep
 METHODS = {"heavy": ["fedavg", "flat", "uniform", "alpha-split", "uniform-ema", "size-ema", "size",
-                     "pools-3", "alpha-split-0.03", "alpha-split-0.5"],
+                     "pools-3", "alpha-split-matrix", "alpha-split-0.03", "alpha-split-0.5"],
            "mild": ["flat", "alpha-split", "size-ema", "uniform", "fedavg", "uniform-ema", "size",
                     "pools-3"]}
 
@@ -29,7 +29,8 @@ def test_repro_grid_parses_and_expands_to_every_method_and_seed(regime, encoder_
         cfg = s.config
         assert s.axes["condition"] == regime and not cfg.model.freeze_encoder
         assert cfg.client.lr_encoder_mult == encoder_lr_mult
-        assert cfg.privacy.noise_multiplier == 0.1 and cfg.privacy.grouping == "layer"
+        assert cfg.privacy.noise_multiplier == 0.1
+        assert cfg.privacy.grouping == ("matrix" if s.axes["method"].endswith("-matrix") else "layer")
         assert cfg.model.arch == "whisper-tinyllama-tiny" and cfg.run.device == "cpu"
         # the starting point of item 1: a pretrained model whose connector FL has to learn
         assert cfg.model.connector_init == "fresh" and cfg.model.checkpoint.endswith("repro-joint5")
@@ -38,7 +39,7 @@ def test_repro_grid_parses_and_expands_to_every_method_and_seed(regime, encoder_
     assert all(p.mechanism == "gaussian" for m, p in by_method.items() if m != "fedavg")
     assert by_method["alpha-split"].clipping == "alpha-split"
     for name, p in by_method.items():  # the sweep's alphas are in their names
-        if name.startswith("alpha-split-"):
+        if name.startswith("alpha-split-") and not name.endswith("-matrix"):
             assert p.clipping == "alpha-split" and p.alpha == float(name.split("-")[-1])
     pools = by_method["pools-3"]
     assert pools.clipping == "pools"

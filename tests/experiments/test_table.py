@@ -116,3 +116,23 @@ def test_privacy_table_rows_have_as_many_cells_as_its_header_without_pools(tmp_p
     table = [line for line in lines[start:] if line.startswith("|")]
     assert len({line.count("|") for line in table}) == 1, table
     assert lines[start].rstrip().endswith("| δ |")
+
+
+def test_per_layer_and_per_matrix_groups_are_separate_cells_and_flat_has_no_grouping(tmp_path):
+    """The study's methods clip per layer (privacy.grouping: layer); the default per matrix. A
+    results folder with both keeps them apart; flat (one group) is the same under both."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    from fakes import write_table
+
+    for name, method, grouping in [("a", "alpha-split", "layer"), ("b", "alpha-split", "matrix"),
+                                   ("c", "uniform", "layer"), ("d", "flat", "layer")]:
+        folder = write_run(tmp_path / name, method=method, alpha=0.1)
+        final = pq.read_table(folder / "final.parquet").to_pylist()[0]
+        final["config_json"] = json.dumps({"privacy": {"grouping": grouping}})
+        write_table(folder / "final.parquet", [final])
+    methods = sorted(c.method for c in summarise(find_runs([tmp_path]), resamples=10))
+    assert methods == ["alpha-split α=0.1", "alpha-split α=0.1 per-layer", "flat",
+                       "uniform per-layer"]
