@@ -2,11 +2,14 @@
 
 1. builds the synthetic 8-language corpus (eSpeak NG) in the cache, once;
 2. pretrains the tiny speech-LLM on the public speakers, once (cached);
-3. runs a few federated rounds per method -- non-private FedAvg, flat, size, α-split -- on the
-   private speakers, through the same ``run_training`` path a cluster run takes;
-4. prints a table of WER, ε and per-pool effective σ, with the starting model (``round-0``: the
-   pretrained model before any federated round, scored on the same evaluation set by the same
-   evaluation) beside the methods, so the table shows what federated training changed.
+3. runs the study's heavy regime (``assets/demo-heavy.yaml``: a fresh connector that federated
+   training has to learn, encoder LR x 0.1, the paper's σ and per-layer thresholds) for each
+   method -- flat, α-split, uniform by default -- on the private speakers, through the same
+   ``run_training`` path a cluster run takes;
+4. prints a table of WER (speaker-clustered CIs), ε and per-pool effective σ, with the starting
+   model (``round-0``: the pretrained model with its new connector, scored on the same evaluation
+   set by the same evaluation) beside the methods, then every method paired against flat
+   (``cluster-fl table --against flat``): which ones learn and which fall behind.
 
 The round-0 score is kept under ``<out>/demo/`` (``cluster_fl.experiments.round0``), so
 ``cluster-fl table`` shows it too.
@@ -18,6 +21,8 @@ so a second run skips steps 1-2 and finished runs.
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -28,13 +33,16 @@ from cluster_fl.engine.rundir import is_done, run_dir
 from cluster_fl.experiments.round0 import evaluate_round0
 from cluster_fl.errors import UserError
 
-DEMO_CONFIG = Path(__file__).resolve().parents[1] / "assets" / "demo.yaml"
+DEMO_CONFIG = Path(__file__).resolve().parents[1] / "assets" / "demo-heavy.yaml"
 METHODS = {
     "fedavg": {"privacy.mechanism": "none"},
     "flat": {"privacy.clipping": "flat"},
-    "size": {"privacy.clipping": "size"},
     "alpha-split": {"privacy.clipping": "alpha-split"},
+    "uniform": {"privacy.clipping": "uniform"},
+    "size": {"privacy.clipping": "size"},
+    "size-ema": {"privacy.clipping": "size-ema"},
 }
+DEFAULT_METHODS = ("flat", "alpha-split", "uniform")  # ~2.3 min each on 2 cores
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -42,7 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="overrides of the demo config (e.g. fl.rounds=2)")
     parser.add_argument("--cache", type=Path, default=None, help="corpus + checkpoint cache")
     parser.add_argument("--out", type=Path, default=None, help="results root (default: cache/results)")
-    parser.add_argument("--methods", default=",".join(METHODS),
+    parser.add_argument("--methods", default=",".join(DEFAULT_METHODS),
                         help=f"comma-separated subset of {','.join(METHODS)}")
     parser.add_argument("--languages", default=None, help="comma-separated subset of languages")
     parser.add_argument("--speakers-per-language", type=int, default=None,
@@ -51,6 +59,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="pretraining budget (default: the demo config's)")
     parser.add_argument("--pretrain-steps", type=int, default=None,
                         help="pretraining steps instead of a time budget")
+    parser.add_argument("--ranks", type=int, default=None,
+                        help="processes per federated run (default: the CPU count, at most 4); "
+                             "a run is bitwise identical on any number of ranks")
+
+
+def default_ranks() -> int:
+    return max(1, min(4, os.cpu_count() or 1))
+
+
+def train_on_ranks(cfg, ranks: int) -> Path:
+    """One federated run of ``cfg`` as ``ranks`` local processes (torchrun), its progress on
+    stderr; returns the run folder. ``ranks == 1`` trains in this process."""
+    from cluster_fl.config import dump_config
+    from cluster_fl.dist.launch import local_ranks_command
+    from cluster_fl.engine.train import PREEMPTED_EXIT, Preempted, run_training
+
+    if ranks == 1:
+        return run_training(cfg)
+    folder = run_dir(cfg)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    resolved = folder.parent / f".{folder.name}.yaml"  # what the ranks load: the run's config
+    resolved.write_text(dump_config(replace(cfg, {"run.threads": 1})))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    proc = subprocess.run(local_ranks_command(ranks, ["train", str(resolved)]), env=env,
+                          stdout=sys.stderr)
+    if is_done(folder):
+        return folder
+    if proc.returncode == PREEMPTED_EXIT or proc.returncode < 0:
+        raise Preempted(folder)
+    raise UserError(f"the run in {folder} failed on {ranks} ranks (exit {proc.returncode}); "
+                    f"its log: {folder / 'log.txt'}; `--ranks 1` runs it in this process")
 
 
 def _say(msg: str) -> None:
@@ -59,7 +98,8 @@ def _say(msg: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from cluster_fl.data import count_clients, make_corpus
-    from cluster_fl.engine.train import PREEMPTED_EXIT, Preempted, run_training
+    from cluster_fl.engine.train import PREEMPTED_EXIT, Preempted
+    from cluster_fl.experiments.compare import compare, comparisons_markdown
     from cluster_fl.experiments.results import find_runs
     from cluster_fl.experiments.table import summarise, to_markdown
     from cluster_fl.training.pretrain import pretrain
@@ -112,19 +152,26 @@ def run(args: argparse.Namespace) -> int:
     if unknown:
         raise UserError(f"--methods: unknown {', '.join(sorted(unknown))}; "
                         f"allowed: {', '.join(METHODS)}")
+    ranks = args.ranks or default_ranks()
+    if ranks < 1:
+        raise UserError(f"--ranks: must be >= 1, got {ranks}")
     folders = []
     for i, m in enumerate(methods, 1):
         run_cfg = replace(cfg, {**METHODS[m], "run.experiment": "demo"})
         state = "cached" if is_done(run_dir(run_cfg)) else "running"
-        _say(f"3/4 [{i}/{len(methods)}] {m}: {run_cfg.fl.rounds} rounds ({state})")
+        _say(f"3/4 [{i}/{len(methods)}] {m}: {run_cfg.fl.rounds} rounds ({state}"
+             + (f", {ranks} ranks)" if state == "running" and ranks > 1 else ")"))
         try:
-            folders.append(run_training(run_cfg))
+            folders.append(train_on_ranks(run_cfg, ranks))
         except Preempted as exc:
             _say(f"   stopped by signal ({exc.folder}); run the demo again to resume")
             return PREEMPTED_EXIT
     start = evaluate_round0(replace(cfg, {"run.experiment": "demo"}), say=_say)
     _say("4/4 results")
-    print(to_markdown(summarise(find_runs([start, *folders]))))
+    runs = find_runs([start, *folders])
+    print(to_markdown(summarise(runs)))
+    if "flat" in methods:
+        print(comparisons_markdown(compare(runs, "flat")))
     _say(f"done in {time.perf_counter() - t0:.0f}s; run folders under {out / 'demo'}")
     return 0
 

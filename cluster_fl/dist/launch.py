@@ -144,3 +144,15 @@ def submitit_torch_env(job_env: object) -> dict[str, str]:
             "RANK": str(job_env.global_rank), "WORLD_SIZE": str(job_env.num_tasks),
             "LOCAL_RANK": str(job_env.local_rank),
             "LOCAL_WORLD_SIZE": str(job_env.num_tasks // max(job_env.num_nodes, 1))}
+
+
+def local_ranks_command(nproc: int, cli_args: list[str], python: str | None = None) -> list[str]:
+    """The command that runs ``cluster-fl CLI_ARGS`` as ``nproc`` ranks on this machine (torchrun,
+    standalone rendezvous on a free port), e.g. ``local_ranks_command(2, ["train", "run.yaml"])``.
+    The children read their layout from torchrun's variables (:func:`env_from_torchrun`)."""
+    import sys
+
+    if nproc < 1:
+        raise ValueError(f"nproc must be >= 1, got {nproc}")
+    return [python or sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
+            f"--nproc_per_node={nproc}", "-m", "cluster_fl", *cli_args]

@@ -2,9 +2,9 @@
 2 federated rounds per method, a handful of evaluated utterances.
 
 Runs the real command in a subprocess (corpus rendering → pretraining → four ``run_training`` runs
-→ table) with its cache and results in a temporary folder, and checks the exit code, the printed
+→ tables) with its cache and results in a temporary folder, and checks the exit code, the printed
 table (the starting model's round-0 column, then one column per method, the privacy table with
-ε) and the run folders. About a minute on
+ε), the paired comparison against flat and the run folders. About a minute on
 two cores; a second invocation with the same cache must reuse the finished runs.
 """
 
@@ -16,12 +16,12 @@ import sys
 from pathlib import Path
 
 
-METHODS = ("fedavg", "flat", "size", "alpha-split")
+METHODS = ("flat", "alpha-split", "uniform")  # the demo's default: the heavy regime's finding
 REDUCED = ["--languages", "en,de", "--speakers-per-language", "3", "--pretrain-steps", "3",
            "fl.rounds=2", "fl.clients_per_round=4", "fl.max_local_steps=2", "fl.batch_size=8",
            "eval.max_utterances=4", "eval.bootstrap=10", "eval.max_new_tokens=6",
            "pretrain.eval_utterances=4", "pretrain.batch_size=4",  # held-out: the demo caps it
-           "run.threads=1"]
+           "run.threads=1", "--ranks", "2"]  # each run as 2 local processes (torchrun), as on 2+ cores
 
 
 def _demo(tmp: Path, *extra: str) -> subprocess.CompletedProcess:
@@ -40,9 +40,15 @@ def test_the_reduced_demo_runs_end_to_end_and_prints_every_method(tmp_path):
         assert m in header, (m, out)
     assert header.split("|")[3].strip() == "round-0"  # the starting model comes first
     assert "ε" in out or "epsilon" in out.lower()
+    assert proc.stderr.count(", 2 ranks)") == len(METHODS), proc.stderr[-3000:]
+    # then each method paired against flat, over the evaluation's speakers
+    paired = out[out.index("Paired against"):]
+    for m in ("round-0", "alpha-split", "uniform"):
+        assert any(line.split("|")[3].strip().startswith(m) and line.split("|")[4].strip() == "flat"
+                   for line in paired.splitlines() if line.startswith("| whisper")), (m, paired)
     runs = sorted(p.parent.name for p in (tmp_path / "results" / "demo").glob("*/final.parquet"))
     assert len(runs) == len(METHODS) + 1, runs
-    for m in ("round-0", "fedavg", "flat", "size", "alpha-split"):
+    for m in ("round-0",) + METHODS:
         assert any(f"_{m}_" in r for r in runs), (m, runs)
     # round 0 is scored on the same evaluation set as every method
     import pyarrow.parquet as pq
