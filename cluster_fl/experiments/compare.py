@@ -132,6 +132,10 @@ def compare(runs: Sequence[Run], reference: str, resamples: int = RESAMPLES) -> 
     return out
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
 def verdict(c: Comparison, level: float = 0.05) -> str:
     """``worse`` / ``better`` when that one-sided test rejects at ``level``, else ``within noise``."""
     if c.p_worse < level:
@@ -150,7 +154,7 @@ def comparisons_markdown(rows: Sequence[Comparison]) -> str:
     for c in rows:
         out.append(f"| {c.arch} | {c.condition} | {c.method} | {c.reference} | {fmt(c.delta)} | "
                    f"[{fmt(c.ci_low, 3)}, {fmt(c.ci_high, 3)}] | {fmt(c.p_worse, 4)} | "
-                   f"{len(c.seeds)} seeds × {c.speakers // max(len(c.seeds), 1)} speakers | "
+                   f"{_count(len(c.seeds), 'seed')} × {c.speakers // max(len(c.seeds), 1)} speakers | "
                    f"{verdict(c)} |")
     return "\n".join(out) + "\n"
 
