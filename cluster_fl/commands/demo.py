@@ -105,6 +105,17 @@ def run(args: argparse.Namespace) -> int:
     from cluster_fl.training.pretrain import pretrain
 
     t0 = time.perf_counter()
+    # arguments are checked before anything is rendered or trained
+    methods = [m for m in args.methods.split(",") if m]
+    unknown = set(methods) - set(METHODS)
+    if not methods:
+        raise UserError(f"--methods: give at least one of {', '.join(METHODS)}")
+    if unknown:
+        raise UserError(f"--methods: unknown {', '.join(sorted(unknown))}; "
+                        f"allowed: {', '.join(METHODS)}")
+    ranks = default_ranks() if args.ranks is None else args.ranks
+    if ranks < 1:
+        raise UserError(f"--ranks: must be >= 1, got {ranks}")
     cache = (args.cache or default_cache()).expanduser()
     out = (args.out or cache / "results").expanduser()
     cfg = load_config(DEMO_CONFIG, args.overrides)
@@ -147,14 +158,6 @@ def run(args: argparse.Namespace) -> int:
         _say(f"   fl.clients_per_round {cfg.fl.clients_per_round} > {population} clients; using {population}")
         cfg = replace(cfg, {"fl.clients_per_round": population})
 
-    methods = [m for m in args.methods.split(",") if m]
-    unknown = set(methods) - set(METHODS)
-    if unknown:
-        raise UserError(f"--methods: unknown {', '.join(sorted(unknown))}; "
-                        f"allowed: {', '.join(METHODS)}")
-    ranks = args.ranks or default_ranks()
-    if ranks < 1:
-        raise UserError(f"--ranks: must be >= 1, got {ranks}")
     folders = []
     for i, m in enumerate(methods, 1):
         run_cfg = replace(cfg, {**METHODS[m], "run.experiment": "demo"})

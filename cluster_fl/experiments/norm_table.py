@@ -49,20 +49,16 @@ def _run_norms(run: Run) -> dict[str, float] | None:
     """Component norms of one run, or None when it logged no per-group norms."""
     by_comp: dict[str, list[float]] = defaultdict(list)
     for g in run.groups:
-        values = [row[f"norm/{g['name']}"] for row in run.rounds
-                  if row.get(f"norm/{g['name']}") is not None
-                  and math.isfinite(row[f"norm/{g['name']}"])]
-        if values:
-            by_comp[g["component"]].append(float(np.mean(values)))
+        norm = run.round_mean(f"norm/{g['name']}")
+        if math.isfinite(norm):
+            by_comp[g["component"]].append(norm)
     return {c: float(np.mean(v)) for c, v in by_comp.items()} or None
 
 
 def _clip_rates(run: Run) -> tuple[float, float]:
-    rates = [(int(row["round"]), float(row["clip_rate"])) for row in run.rounds
-             if row.get("clip_rate") is not None and math.isfinite(row["clip_rate"])]
-    if not rates:
-        return math.nan, math.nan
-    return float(np.mean([r for _, r in rates])), max(rates)[1]
+    """Mean clip rate over rounds, and the last round's."""
+    last = max(run.rounds, key=lambda row: int(row["round"]), default={}).get("clip_rate")
+    return run.round_mean("clip_rate"), math.nan if last is None else float(last)
 
 
 def norm_rows(runs: Sequence[Run]) -> list[NormRow]:
@@ -86,7 +82,8 @@ def norm_rows(runs: Sequence[Run]) -> list[NormRow]:
             ratio_std=float(np.std(ratios, ddof=1)) if len(ratios) > 1 else math.nan,
             clip_rate=float(np.nanmean([c[0] for c in clips])) if method != "fedavg" else math.nan,
             clip_rate_last=float(np.nanmean([c[1] for c in clips])) if method != "fedavg" else math.nan,
-            noised=any(r.setting("privacy", "diagnostics", "exact") == "noised" for r, _ in members)))
+            noised=any(r.setting("privacy", "diagnostics", "exact") == "noised"
+                       for r, _ in members)))
     rows.sort(key=lambda x: (x.arch, x.condition, method_key(x.method)))
     return rows
 

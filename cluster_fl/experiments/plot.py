@@ -62,6 +62,7 @@ def _cells(runs: Sequence[Run]) -> dict[tuple[str, str, str], list[Run]]:
 
 
 def _mean_over_rounds(runs: Sequence[Run], column: str) -> float:
+    """Mean over every round of every run (runs with more rounds weigh more)."""
     values = [row[column] for r in runs for row in r.rounds
               if row.get(column) is not None and math.isfinite(row[column])]
     return float(np.mean(values)) if values else math.nan
@@ -221,24 +222,25 @@ def plot_sigma_vs_alpha(runs: Sequence[Run], path: Path) -> bool:
 
 def plot_wer_vs_alpha(runs: Sequence[Run], path: Path) -> bool:
     """WER mean ± std over seeds against α, one line per arch × condition (× grouping)."""
-    lines: dict[tuple[str, str], dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
+    lines: dict[tuple[str, str, str], dict[float, list[float]]] = defaultdict(
+        lambda: defaultdict(list))
     for r in runs:
         if r.method.startswith("alpha-split"):
-            grouping = " per-layer" if r.method.endswith(" per-layer") else ""
-            lines[(r.arch, r.condition + grouping)][float(r.final["alpha"])].append(r.wer)
+            lines[(r.arch, r.condition, r.grouping)][float(r.final["alpha"])].append(r.wer)
     if not lines:
         return False
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6, 4))
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for i, ((arch, cond), points) in enumerate(sorted(lines.items())):
+    for i, ((arch, cond, grouping), points) in enumerate(sorted(lines.items())):
         c = colours[i % len(colours)]
         xs = sorted(points)
         means = [np.mean(points[a]) for a in xs]
         stds = [np.std(points[a], ddof=1) if len(points[a]) > 1 else 0.0 for a in xs]
-        ax.errorbar(xs, means, yerr=stds, marker="o", capsize=3, color=c, label=f"{arch} {cond}")
-        flat = [r.wer for r in runs if r.method == "flat"
-                and (r.arch, r.condition) == (arch, cond.removesuffix(" per-layer"))]
+        per_layer = " per-layer" if grouping == "layer" else ""
+        ax.errorbar(xs, means, yerr=stds, marker="o", capsize=3, color=c,
+                    label=f"{arch} {cond}{per_layer}")
+        flat = [r.wer for r in runs if r.method == "flat" and (r.arch, r.condition) == (arch, cond)]
         if flat:
             ax.axhline(float(np.mean(flat)), color=c, ls="--", lw=1, label=f"flat ({arch} {cond})")
     ax.set_xscale("log")

@@ -56,10 +56,14 @@ class Run:
             return "fedavg"
         if method == "alpha-split":
             method = f"alpha-split α={float(self.final.get('alpha', float('nan'))):g}"
-        if method not in ("flat", "round-0") \
-                and self.config.get("privacy", {}).get("grouping") == "layer":
+        if method not in ("flat", "round-0") and self.grouping == "layer":
             method += " per-layer"
         return method
+
+    @property
+    def grouping(self) -> str:
+        """``privacy.grouping`` of the run (``matrix`` when its config does not say)."""
+        return str(self.config.get("privacy", {}).get("grouping") or "matrix")
 
     @property
     def seed(self) -> int:
@@ -90,6 +94,13 @@ class Run:
         """Per-round metrics rows (empty when the run has no ``rounds.parquet``)."""
         path = self.folder / "rounds.parquet"
         return pq.read_table(path).to_pylist() if path.is_file() else []
+
+    def round_mean(self, column: str) -> float:
+        """Mean of a ``rounds.parquet`` column over the rounds that have a finite value (NaN
+        when none has)."""
+        values = [row[column] for row in self.rounds
+                  if row.get(column) is not None and math.isfinite(row[column])]
+        return float(sum(values) / len(values)) if values else math.nan
 
     @cached_property
     def groups(self) -> list[dict[str, Any]]:
