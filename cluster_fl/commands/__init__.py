@@ -12,9 +12,31 @@ See ARCHITECTURE.md for the layers.
 from __future__ import annotations
 
 import argparse
+import json
+from collections.abc import Callable
+from typing import Any
 
 
 def add_config_arguments(parser: argparse.ArgumentParser, required: bool = True) -> None:
     """The shared ``CONFIG [key=value ...]`` positional arguments."""
     parser.add_argument("config", nargs=None if required else "?", help="YAML preset")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
+
+
+def add_report_arguments(parser: argparse.ArgumentParser) -> None:
+    """``CONFIG [key=value ...] [--json]``: the arguments of a command that prints a report of a
+    config (``account``, ``thresholds``)."""
+    add_config_arguments(parser)
+    parser.add_argument("--json", action="store_true", help="print the JSON contract")
+
+
+def print_report(args: argparse.Namespace, report: Callable[[Any], dict[str, Any]],
+                 formatted: Callable[[dict[str, Any]], str]) -> int:
+    """Load the config of ``args``, build its report and print it as JSON (``--json``, strict:
+    no NaN) or as text; exit code 0."""
+    from cluster_fl.config import load_config
+
+    result = report(load_config(args.config, args.overrides))
+    print(json.dumps(result, indent=2, default=str, allow_nan=False) if args.json
+          else formatted(result))
+    return 0

@@ -12,30 +12,22 @@ diagnostics composed. JSON (DESIGN §10): {"accountant", "epsilon", "delta", "no
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from typing import Any
 
-from cluster_fl.commands import add_config_arguments
-from cluster_fl.config import Config, load_config
+from cluster_fl.commands import add_report_arguments, print_report
+from cluster_fl.config import Config
 from cluster_fl.errors import UserError
 from cluster_fl.privacy.accounting import is_adaptive, ledger_for, noise_multiplier_for_epsilon
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """CONFIG, overrides, --json."""
-    add_config_arguments(parser)
-    parser.add_argument("--json", action="store_true", help="print the JSON contract")
+    add_report_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    cfg = load_config(args.config, args.overrides)
-    report = account_report(cfg)
-    if args.json:
-        print(json.dumps(report, indent=2, default=str, allow_nan=False))
-    else:
-        print(format_account(report))
-    return 0
+    return print_report(args, account_report, format_account)
 
 
 def population_of(cfg: Config) -> int:

@@ -12,11 +12,10 @@ clipping units of ``privacy.grouping``; a group's threshold is its unit's).
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
-from cluster_fl.commands import add_config_arguments
-from cluster_fl.config import Config, load_config
+from cluster_fl.commands import add_report_arguments, print_report
+from cluster_fl.config import Config
 from cluster_fl.groups import GroupSpec, groups_from_layout
 from cluster_fl.privacy.accounting import effective_noise_multipliers
 from cluster_fl.privacy.clipping import make_policy
@@ -24,18 +23,11 @@ from cluster_fl.privacy.clipping import make_policy
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """CONFIG, overrides, --json."""
-    add_config_arguments(parser)
-    parser.add_argument("--json", action="store_true", help="print the JSON contract")
+    add_report_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    cfg = load_config(args.config, args.overrides)
-    report = thresholds_report(cfg)
-    if args.json:
-        print(json.dumps(report, indent=2, default=str, allow_nan=False))
-    else:
-        print(format_thresholds(report))
-    return 0
+    return print_report(args, thresholds_report, format_thresholds)
 
 
 def groups_of(cfg: Config) -> tuple[list[GroupSpec], list[str]]:
