@@ -48,14 +48,22 @@ class Run:
 
     @property
     def method(self) -> str:
-        """Method label: ``fedavg`` for no privacy, ``alpha-split α=0.05`` for split methods;
-        a method with per-group thresholds says ``per-layer`` when its groups are layers
-        (``privacy.grouping: layer``, the paper's), so the two groupings never share a cell."""
+        """Method label: ``fedavg`` for no privacy, ``alpha-split α=0.05`` for split methods,
+        ``pools 0.1/0.3/0.6`` (the shares) for K pools, ``inside uniform`` when a split's rule
+        inside the pools is not the default (size); a method with per-group thresholds says
+        ``per-layer`` when its groups are layers (``privacy.grouping: layer``, the paper's). Runs
+        of two configurations never share a cell."""
         method = str(self.final.get("method", "?"))
         if method == "none":
             return "fedavg"
+        privacy = self.config.get("privacy", {})
         if method == "alpha-split":
             method = f"alpha-split α={float(self.final.get('alpha', float('nan'))):g}"
+        elif method == "pools" and privacy.get("pools"):
+            method += " " + "/".join(f"{float(p['share']):g}" for p in privacy["pools"])
+        if method.startswith(("alpha-split", "pools")) \
+                and privacy.get("inside_pool") not in (None, "size"):
+            method += f" inside {privacy['inside_pool']}"
         if method not in ("flat", "round-0") and self.grouping == "layer":
             method += " per-layer"
         return method

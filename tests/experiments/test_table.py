@@ -136,3 +136,31 @@ def test_per_layer_and_per_matrix_groups_are_separate_cells_and_flat_has_no_grou
     methods = sorted(c.method for c in summarise(find_runs([tmp_path]), resamples=10))
     assert methods == ["alpha-split α=0.1", "alpha-split α=0.1 per-layer", "flat",
                        "uniform per-layer"]
+
+
+def test_pool_configurations_and_inside_rules_are_separate_cells(tmp_path):
+    """Two K-pool runs with other shares, or split runs with another rule inside the pools, are
+    other methods: their label says so, so they never share a table cell (or a paired test)."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    from fakes import write_table
+
+    pools_3 = [{"name": "encoder", "components": ["encoder"], "share": 0.128},
+               {"name": "connector", "components": ["connector"], "share": 0.689},
+               {"name": "decoder", "components": ["decoder"], "share": 0.183}]
+    pools_2 = [{"name": "encoder", "components": ["encoder"], "share": 0.2},
+               {"name": "rest", "components": ["connector", "decoder"], "share": 0.8}]
+    for name, method, privacy in [
+            ("a", "pools", {"pools": pools_3}), ("b", "pools", {"pools": pools_2}),
+            ("c", "pools", {"pools": pools_2, "inside_pool": "uniform"}),
+            ("d", "alpha-split", {"inside_pool": "size"}),
+            ("e", "alpha-split", {"inside_pool": "ema", "grouping": "layer"})]:
+        folder = write_run(tmp_path / name, method=method, alpha=0.1)
+        final = pq.read_table(folder / "final.parquet").to_pylist()[0]
+        final["config_json"] = json.dumps({"privacy": privacy})
+        write_table(folder / "final.parquet", [final])
+    methods = sorted(c.method for c in summarise(find_runs([tmp_path]), resamples=10))
+    assert methods == ["alpha-split α=0.1", "alpha-split α=0.1 inside ema per-layer",
+                       "pools 0.128/0.689/0.183", "pools 0.2/0.8", "pools 0.2/0.8 inside uniform"]
