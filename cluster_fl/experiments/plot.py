@@ -18,8 +18,10 @@
 * ``wer_by_method.png`` -- one panel per arch × condition: WER per method (bar: mean over seeds,
   whisker: the WER table's 95% speaker-clustered CI, dots: the seeds), the starting model
   (``round-0``) as a dotted line where present.
-* ``clip_rates__<arch>__<condition>.png`` -- the fraction of clients clipped per round, one line
-  per DP method (mean over seeds).
+* ``clip_rates__<arch>__<condition>.png`` -- per round, mean over seeds: the fraction of clients
+  clipped, one line per DP method (left), and the fraction of each pool's update norm that
+  survives clipping, one line per method × pool (right: where C binds for every client the clip
+  rate is 1 throughout, and the retained fraction is what tells the methods apart).
 
 In ``norms__<cell>.png`` a method with per-group thresholds also shows each group's reported
 threshold C_h (mean over rounds; under ``privacy.grouping: layer`` a group carries its layer's
@@ -292,7 +294,10 @@ def plot_wer_by_method(runs: Sequence[Run], path: Path) -> bool:
 
 
 def plot_clip_rates(runs: Sequence[Run], title: str, path: Path) -> bool:
-    """Fraction of clients clipped per round, one line per DP method (mean over seeds)."""
+    """Per round, mean over seeds, one line per DP method: the fraction of clients clipped (left)
+    and the fraction of each pool's update norm that survives clipping (``retained/<pool>``,
+    right; one line per method × pool), which still tells methods apart when C binds for every
+    client and the clip rate is 1 throughout."""
     by_method = defaultdict(list)
     for r in runs:
         if r.rounds and any(row.get("clip_rate") is not None for row in r.rounds) \
@@ -303,15 +308,25 @@ def plot_clip_rates(runs: Sequence[Run], title: str, path: Path) -> bool:
     from cluster_fl.experiments.results import method_key
 
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, (ax, ax_kept) = plt.subplots(1, 2, figsize=(11, 4))
     for method in sorted(by_method, key=method_key):
-        ax.plot(*_per_round(by_method[method], "clip_rate"), marker=".", label=method)
+        rs = by_method[method]
+        line = ax.plot(*_per_round(rs, "clip_rate"), marker=".", label=method)[0]
+        pools = sorted({k.split("/", 1)[1] for r in rs for row in r.rounds for k in row
+                        if k.startswith("retained/")})
+        for pool, style in zip(pools, ("-", "--", ":", "-.") * len(pools)):
+            ax_kept.plot(*_per_round(rs, f"retained/{pool}"), marker=".", ls=style,
+                         color=line.get_color(),
+                         label=method if pools == ["all"] else f"{method} · {pool}")
     ax.set_ylim(-0.02, 1.05)
-    ax.set_xlabel("round")
-    ax.xaxis.get_major_locator().set_params(integer=True)
     ax.set_ylabel("clients clipped (any pool/group)")
-    ax.set_title(title + _noise_note([r for rs in by_method.values() for r in rs]), fontsize=9)
-    ax.legend(fontsize=7)
+    ax_kept.set_ylim(0, 1.05)
+    ax_kept.set_ylabel("retained update norm (clipped / raw, per pool)")
+    for a in (ax, ax_kept):
+        a.set_xlabel("round")
+        a.xaxis.get_major_locator().set_params(integer=True)
+        a.legend(fontsize=6)
+    fig.suptitle(title + _noise_note([r for rs in by_method.values() for r in rs]), fontsize=9)
     return _save(fig, path)
 
 

@@ -71,4 +71,10 @@ def test_wer_by_method_shows_the_table_cells_and_the_clip_rate_lines(results, tm
     lines = {ln.get_label(): ln.get_ydata() for ln in captured["c.png"].axes[0].get_lines()}
     assert set(lines) == {"flat", "alpha-split α=0.05", "alpha-split α=0.2"}
     assert list(lines["flat"]) == pytest.approx([0.9 / r for r in (1, 2, 3)])
+    # beside it, how much of each pool's update norm survives clipping: informative where the
+    # clip rate is 1 every round (C binds for every client, as in the study)
+    retained = {ln.get_label(): ln.get_ydata() for ln in captured["c.png"].axes[1].get_lines()}
+    assert set(retained) == {"flat", "alpha-split α=0.05 · encoder", "alpha-split α=0.05 · decoder",
+                             "alpha-split α=0.2 · encoder", "alpha-split α=0.2 · decoder"}
+    assert list(retained["alpha-split α=0.2 · decoder"]) == pytest.approx([0.6, 0.7, 0.8])
     plt.close("all")
