@@ -290,6 +290,8 @@ def plot_wer_by_method(runs: Sequence[Run], path: Path) -> bool:
         ax.set_title(f"{arch} · {cond}", fontsize=9)
         ax.legend(fontsize=6, loc="upper left")
     axes[0][0].set_ylabel("WER")
+    tops = [c.ci_high for c in cells if math.isfinite(c.ci_high)] + [c.mean for c in cells]
+    axes[0][0].set_ylim(0, 1.3 * max(tops + list(start.values())))  # headroom for the legend
     return _save(fig, path)
 
 
