@@ -65,8 +65,7 @@ def _cells(runs: Sequence[Run]) -> dict[tuple[str, str, str], list[Run]]:
 
 def _mean_over_rounds(runs: Sequence[Run], column: str) -> float:
     """Mean over every round of every run (runs with more rounds weigh more)."""
-    values = [row[column] for r in runs for row in r.rounds
-              if row.get(column) is not None and math.isfinite(row[column])]
+    values = [v for r in runs for v in r.round_values(column)]
     return float(np.mean(values)) if values else math.nan
 
 

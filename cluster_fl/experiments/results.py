@@ -17,6 +17,7 @@ from typing import Any, Iterable
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from cluster_fl.config import PrivacyConfig
 from cluster_fl.errors import UserError, short_reason
 
 # Column order of the paper's tables: the starting model (the demo's round 0), the non-private
@@ -56,22 +57,22 @@ class Run:
         method = str(self.final.get("method", "?"))
         if method == "none":
             return "fedavg"
-        privacy = self.config.get("privacy", {})
+        pools = self.setting("privacy", "pools", None)
         if method == "alpha-split":
             method = f"alpha-split α={float(self.final.get('alpha', float('nan'))):g}"
-        elif method == "pools" and privacy.get("pools"):
-            method += " " + "/".join(f"{float(p['share']):g}" for p in privacy["pools"])
-        if method.startswith(("alpha-split", "pools")) \
-                and privacy.get("inside_pool") not in (None, "size"):
-            method += f" inside {privacy['inside_pool']}"
+        elif method == "pools" and pools:
+            method += " " + "/".join(f"{float(p['share']):g}" for p in pools)
+        inside = self.setting("privacy", "inside_pool", PrivacyConfig.inside_pool)
+        if method.startswith(("alpha-split", "pools")) and inside != PrivacyConfig.inside_pool:
+            method += f" inside {inside}"
         if method not in ("flat", "round-0") and self.grouping == "layer":
             method += " per-layer"
         return method
 
     @property
     def grouping(self) -> str:
-        """``privacy.grouping`` of the run (``matrix`` when its config does not say)."""
-        return str(self.config.get("privacy", {}).get("grouping") or "matrix")
+        """``privacy.grouping`` of the run (the config's default when its config does not say)."""
+        return str(self.setting("privacy", "grouping", PrivacyConfig.grouping))
 
     @property
     def seed(self) -> int:
@@ -103,11 +104,15 @@ class Run:
         path = self.folder / "rounds.parquet"
         return pq.read_table(path).to_pylist() if path.is_file() else []
 
+    def round_values(self, column: str) -> list[float]:
+        """The finite values of a ``rounds.parquet`` column, round by round."""
+        return [float(row[column]) for row in self.rounds
+                if row.get(column) is not None and math.isfinite(row[column])]
+
     def round_mean(self, column: str) -> float:
         """Mean of a ``rounds.parquet`` column over the rounds that have a finite value (NaN
         when none has)."""
-        values = [row[column] for row in self.rounds
-                  if row.get(column) is not None and math.isfinite(row[column])]
+        values = self.round_values(column)
         return float(sum(values) / len(values)) if values else math.nan
 
     @cached_property
