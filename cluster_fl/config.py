@@ -104,9 +104,15 @@ class ModelConfig:
     layout: tuple[Mapping[str, Any], ...] | None = None
     """Explicit parameter layout ``[{name, component, numel}, ...]`` used by ``thresholds``
     instead of building the model (for sizing a huge model without loading it)."""
-    dtype: str = "float32"
-    """Storage dtype of the frozen base: ``float32``, ``bfloat16`` or ``float16``. LoRA and the
-    connector stay fp32 master weights; compute runs under autocast in this dtype."""
+    dtype: str = "auto"
+    """Storage dtype of the frozen base: ``float32``, ``bfloat16``, ``float16`` or ``auto``
+    (bfloat16 on CUDA and on CPUs with AMX-BF16 or AVX512-BF16, where bf16 matrix work is several
+    times faster; float32 elsewhere). LoRA and the connector stay fp32 master weights (updates,
+    clipping and the secure sum are fp32 or wider); compute runs under autocast in this dtype."""
+    compile: bool | str = "auto"
+    """``torch.compile`` the training step's forward/backward graph (inductor: C++ on CPU,
+    Triton on GPU), with step shapes rounded up to buckets so a run compiles a bounded number of
+    graphs. ``auto``: on for CUDA, off on CPU (see README "Speed"); ``true`` / ``false``."""
     activation_checkpointing: bool = False
     """Recompute each encoder/decoder layer's activations in the backward pass (less memory)."""
     shard: str = "none"
@@ -118,7 +124,9 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         _check(isinstance(self.arch, str) and self.arch != "", "model.arch", "must be a name")
-        _in(self.dtype, ("float32", "bfloat16", "float16"), "model.dtype")
+        _in(self.dtype, ("float32", "bfloat16", "float16", "auto"), "model.dtype")
+        _check(self.compile in (True, False, "auto"), "model.compile",
+               f"got {self.compile!r}; allowed: true, false, auto")
         _in(self.connector_init, ("checkpoint", "fresh"), "model.connector_init")
         _check(self.connector_init == "checkpoint" or self.checkpoint is not None,
                "model.connector_init", "fresh re-initialises the connector of model.checkpoint; "

@@ -100,7 +100,8 @@ LAYERS = {"cli": 5, "__main__": 5, "commands": 5,
           "engine": 3, "training": 3,
           "privacy": 2, "models": 2, "data": 2, "eval": 2, "secure_sum": 2,
           "dist": 1,
-          "config": 0, "config_load": 0, "errors": 0, "groups": 0, "seeding": 0, "__init__": 0}
+          "config": 0, "config_load": 0, "errors": 0, "groups": 0, "seeding": 0, "precision": 0,
+          "__init__": 0}
 INDEPENDENT = ("privacy", "models", "data")
 
 

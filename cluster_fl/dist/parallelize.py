@@ -36,8 +36,8 @@ import torch.distributed as tdist
 from torch import nn
 
 from cluster_fl.errors import UserError
+from cluster_fl.precision import DTYPES, resolve_compile, resolve_dtype
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def resolve_device(spec: str, local_rank: int = 0) -> torch.device:
@@ -102,6 +102,8 @@ class Placement:
     def __init__(self, device: torch.device, dtype: torch.dtype, layout: LaneLayout,
                  lane_group: Any = None):
         self.device, self.dtype, self.layout, self.lane_group = device, dtype, layout, lane_group
+        self.buckets: Any = None  # shape quanta of prepared steps (None: exact shapes)
+        self.compiled: Any = None  # the compiled row-loss graph (None: eager)
 
     @property
     def sharded(self) -> bool:
@@ -113,18 +115,26 @@ class Placement:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.dtype)
 
+    def row_losses(self, model: nn.Module, step: Any) -> torch.Tensor:
+        """Per-row transcript-loss sums of a prepared step (``model.prepare``), under autocast,
+        through the compiled graph when there is one."""
+        fn = self.compiled if self.compiled is not None else model.row_loss_sums
+        with self.compute():
+            return fn(step)
+
     def backward(self, model: nn.Module, batch: Mapping[str, Any],
-                 params: Mapping[str, torch.Tensor]) -> float:
-        """Forward + backward of the mean transcript-token loss of ``batch``; returns the loss.
+                 params: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """Forward + backward of the mean transcript-token loss of ``batch``; returns the loss
+        (a detached 0-d tensor on the device: reading it is left to the caller, once).
 
         Unsharded: the model's own loss. In a lane of G: this member's slice of the batch, the
         sum of its token losses, gradients summed over the lane and divided by the batch's token
         count (so every member holds the gradient of the whole batch's mean loss)."""
         if not self.sharded:
-            with self.compute():
-                loss, _ = model.loss(batch)
+            step = model.prepare(batch, self.buckets)
+            loss = self.row_losses(model, step).sum() / max(int(step.n_tokens.sum()), 1)
             loss.backward()
-            return float(loss.detach())
+            return loss.detach()
         part, real = _member_slice(batch, self.layout.member, self.layout.group_size)
         with self.compute():
             loss, n_tokens = model.loss(part)
@@ -140,7 +150,7 @@ class Placement:
         for g in grads:
             g.copy_(flat[offset:offset + g.numel()].view_as(g) * scale)
             offset += g.numel()
-        return loss_sum * scale
+        return torch.tensor(loss_sum * scale)
 
 
 def _member_slice(batch: Mapping[str, Any], member: int, size: int) -> tuple[dict, bool]:
@@ -251,10 +261,10 @@ def lane_mesh(layout: LaneLayout, device: torch.device) -> Any:
 
 def parallelize(model: nn.Module, model_cfg: Any, device: torch.device,
                 layout: LaneLayout | None = None) -> Placement:
-    """Apply dtype, device, activation checkpointing and sharding to ``model`` (in place, in that
-    order) and return its :class:`Placement`. ``model_cfg`` is a ``ModelConfig``."""
+    """Apply dtype, device, activation checkpointing, sharding and compilation to ``model`` (in
+    place, in that order) and return its :class:`Placement`. ``model_cfg`` is a ``ModelConfig``."""
     layout = layout or LaneLayout(1, 1, 0)
-    dtype = DTYPES[model_cfg.dtype]
+    dtype = resolve_dtype(model_cfg.dtype, device.type)
     apply_dtype(model, dtype)
     shard = model_cfg.shard if layout.group_size > 1 else "none"
     if shard == "none":
@@ -271,5 +281,23 @@ def parallelize(model: nn.Module, model_cfg: Any, device: torch.device,
 
         group = lane_mesh(layout, device).get_group()
         model._zero3_hooks = apply_zero3(model, group, device)  # lives as long as the model
-    return Placement(device, dtype, layout, group)
+    placement = Placement(device, dtype, layout, group)
+    if resolve_compile(model_cfg.compile, device.type) and shard == "none":
+        apply_compile(model, placement)
+    return placement
 
+
+# Shapes of a compiled step are rounded up to these quanta (mel frames, decoder positions,
+# transcript targets): a run then meets a bounded number of shapes and compiles each once.
+STEP_BUCKETS = (32, 16, 32)
+
+
+def apply_compile(model: nn.Module, placement: Placement) -> None:
+    """Compile the training step's graph (``model.row_loss_sums``: forward, and its backward
+    through AOTAutograd) with inductor, for the bucketed shapes ``model.prepare`` makes. The model
+    is left as it is (evaluation and decoding run eagerly)."""
+    import torch._dynamo
+
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 256)
+    placement.buckets = STEP_BUCKETS
+    placement.compiled = torch.compile(model.row_loss_sums, dynamic=False)

@@ -44,7 +44,9 @@ RESUME_TOLERATED = {("run", "out"), ("run", "threads"), ("run", "timeout_s"),
                     ("model", "shard_group_size"),
                     # clients per batched step and rows per pass: speed, not results (within
                     # float tolerance)
-                    ("fl", "clients_per_step"), ("fl", "rows_per_pass")}
+                    ("fl", "clients_per_step"), ("fl", "rows_per_pass"),
+                    # a compiled step: speed, not results (within float tolerance)
+                    ("model", "compile")}
 # keys that do not enter the run id
 _BOOKKEEPING = RESUME_TOLERATED | {("run", "experiment"), ("run", "run_id"),
                                    ("run", "checkpoint_every")}

@@ -252,8 +252,9 @@ def _layers(model: Any, n_enc: int, n_dec: int) -> Iterator[None]:
 
 
 def measured_dtype(dtype_name: str) -> str:
-    """The dtype a CPU measurement uses: float16 as bfloat16 (same widths, CPU autocast)."""
-    return "bfloat16" if dtype_name == "float16" else dtype_name
+    """The dtype a CPU measurement uses: float16 as bfloat16 (same widths, CPU autocast);
+    ``auto`` as on a GPU (bfloat16), the device a plan is made for."""
+    return "bfloat16" if dtype_name in ("float16", "auto") else dtype_name
 
 
 def apply_policy(model: Any, dtype_name: str, checkpointing: bool) -> None:

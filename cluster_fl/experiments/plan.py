@@ -89,6 +89,7 @@ from typing import Any
 
 from cluster_fl.config import Config
 from cluster_fl.errors import UserError
+from cluster_fl.precision import dtype_name
 from cluster_fl.experiments.activations import (FRAMES_PER_SECOND, MODES, ModelShape, Workload,
                                                 measure_activations, model_shape, width_divisor)
 
@@ -186,10 +187,11 @@ def plan(cfg: Config, gpus: int, gpu_memory_gib: float, seconds: float = 15.0,
     acts = measure_activations(skeleton, cfg.model, shape, workload)
     capacity = int(gpu_memory_gib * GIB)
     rows = []
+    base_dtype = dtype_name(cfg.model.dtype, "cuda")
     for g in group_sizes(gpus):
         row: dict[str, Any] = {}
         for mode in MODES:
-            t = estimate(shape, acts[mode].per_utterance_bytes, dtype=cfg.model.dtype,
+            t = estimate(shape, acts[mode].per_utterance_bytes, dtype=base_dtype,
                          group_size=g, gpus=gpus, batch_size=cfg.fl.batch_size,
                          profile=PROFILES[device])
             row.update(group_size=g, lanes=t.lanes, utterances_per_gpu=t.utterances_per_gpu,
@@ -203,7 +205,7 @@ def plan(cfg: Config, gpus: int, gpu_memory_gib: float, seconds: float = 15.0,
     own = "checkpointed" if cfg.model.activation_checkpointing else "plain"
     enc_tokens, dec_tokens = workload.tokens(shape)
     out = {
-        "arch": cfg.model.arch, "dtype": cfg.model.dtype,
+        "arch": cfg.model.arch, "dtype": base_dtype,
         "activation_checkpointing": cfg.model.activation_checkpointing,
         "shard": cfg.model.shard, "device": device, "gpus": gpus, "gpu_memory_bytes": capacity,
         "workload": {"batch_size": cfg.fl.batch_size, "seconds": seconds,

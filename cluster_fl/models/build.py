@@ -16,6 +16,7 @@ from torch import nn
 from cluster_fl.config import ModelConfig
 from cluster_fl.errors import UserError
 from cluster_fl.models.registry import ArchSpec, get_arch
+from cluster_fl.precision import resolve_dtype
 from cluster_fl.models.speech_llm import SpeechLLM, StackConnector, VoxtralConnector
 from cluster_fl.models.tokenizer import CharTokenizer, HFTokenizer, Tokenizer
 
@@ -145,7 +146,7 @@ def _load_real(spec: ArchSpec, model_cfg: ModelConfig, tokenizer: Tokenizer) -> 
     # Load straight into the storage dtype of the frozen base (an fp16 or bf16 checkpoint is
     # cast once here, not after a full fp32 copy); the trainable groups are made fp32 masters
     # afterwards (cluster_fl.dist.parallelize.apply_dtype).
-    dtype = getattr(torch, getattr(model_cfg, "dtype", "float32"))
+    dtype = resolve_dtype(model_cfg.dtype, "cuda" if torch.cuda.is_available() else "cpu")
     try:
         if spec.family == "voxtral":
             path = need(model_cfg.decoder_path or model_cfg.encoder_path, "model.decoder_path")

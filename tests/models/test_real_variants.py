@@ -20,7 +20,8 @@ def local_whisper_llama(tmp_path_factory):
 
 def test_whisper_tinyllama_loads_local_weights(local_whisper_llama, batch):
     cfg = ModelConfig(arch="whisper-tinyllama", encoder_path=str(local_whisper_llama / "whisper"),
-                      decoder_path=str(local_whisper_llama / "llama"), lora_rank=2)
+                      decoder_path=str(local_whisper_llama / "llama"), lora_rank=2,
+                      dtype="float32")  # the model is used directly here, without autocast
     model = build_model(cfg)
     assert model.decoder.config.hidden_size == 64 and len(model.encoder.layers) == 2
     groups = trainable_groups(model)
@@ -42,7 +43,8 @@ def test_real_variant_without_paths_is_a_user_error():
 
 def test_voxtral_loads_local_weights_and_separates_tower_from_lm(tmp_path, batch):
     save_voxtral(tmp_path / "vox")
-    cfg = ModelConfig(arch="voxtral", decoder_path=str(tmp_path / "vox"), lora_rank=2)
+    cfg = ModelConfig(arch="voxtral", decoder_path=str(tmp_path / "vox"), lora_rank=2,
+                      dtype="float32")
     model = build_model(cfg)
     assert model.connector.stack == 4  # intermediate_size / hidden_size frames per token
     groups = trainable_groups(model)

@@ -1,0 +1,49 @@
+"""The numeric precision and compilation policy: what ``model.dtype: auto`` and
+``model.compile: auto`` mean on a device.
+
+bfloat16 is the frozen base's storage and autocast dtype where the hardware does bf16 matrix work
+much faster than fp32: CUDA, and CPUs with AMX-BF16 or AVX512-BF16 (one core of this project's CI
+machine multiplies the tiny model's matrices at ~100-190 GFLOP/s in fp32 and ~550-1,200 in bf16;
+``bench/step_profile.py`` measures it). The trainable groups stay fp32 master weights whatever
+the base dtype. The decision reads CPU flags, never a timing, so every rank of a run on the same
+kind of machine resolves it alike (bitwise 1-vs-N rank equality depends on it).
+"""
+
+from __future__ import annotations
+
+import torch
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def cpu_has_fast_bf16() -> bool:
+    """True when this CPU has AMX-BF16 tiles or AVX512-BF16 (oneDNN runs bf16 GEMMs on them)."""
+    cpu = getattr(torch, "cpu", None)
+    checks = [getattr(cpu, name, None) for name in ("_is_amx_tile_supported",
+                                                     "_is_avx512_bf16_supported")]
+    try:
+        return any(bool(check()) for check in checks if check is not None)
+    except RuntimeError:  # a build without the CPU capability probes
+        return False
+
+
+def resolve_dtype(spec: str, device_type: str) -> torch.dtype:
+    """``model.dtype`` on a device of ``device_type`` (``cpu`` or ``cuda``)."""
+    if spec != "auto":
+        return DTYPES[spec]
+    if device_type == "cuda":
+        # planning for a GPU from a machine without one: assume bf16 (every GPU since Ampere)
+        fast = not torch.cuda.is_available() or torch.cuda.is_bf16_supported()
+        return torch.bfloat16 if fast else torch.float16
+    return torch.bfloat16 if cpu_has_fast_bf16() else torch.float32
+
+
+def resolve_compile(spec: bool | str, device_type: str) -> bool:
+    """``model.compile`` on a device of ``device_type``: ``auto`` compiles on CUDA only."""
+    return device_type == "cuda" if spec == "auto" else bool(spec)
+
+
+def dtype_name(spec: str, device_type: str) -> str:
+    """The name (``float32``, ``bfloat16``, ``float16``) ``model.dtype`` resolves to."""
+    resolved = resolve_dtype(spec, device_type)
+    return next(name for name, dt in DTYPES.items() if dt == resolved)
