@@ -61,32 +61,34 @@ def batch_stream(make_batches, items: Sequence[object], batch_size: int, total: 
 Row = tuple[int, int]  # (client's position in the block, row in its batch)
 
 
-def passes(parts: Mapping[int, Mapping[str, Any]], rows_per_pass: int) -> list[list[Row]]:
-    """The step's rows (every active client's batch) cut into forward/backward passes.
-
-    Rows are ordered by utterance length before they are cut, so a pass pads its utterances to
-    similar lengths (padding to the longest of all K x B rows would cost more compute than the
-    batching saves on a CPU); within a pass, each client's rows are contiguous, as
-    :func:`~cluster_fl.models.lora.stacked_trainables` needs. ``rows_per_pass`` = 0: one pass.
-    """
-    rows = [(j, i) for j in sorted(parts) for i in range(len(parts[j]["texts"]))]
-    if not rows_per_pass or rows_per_pass >= len(rows):
-        return [rows]
-    by_len = sorted(rows, key=lambda r: (int(parts[r[0]]["lengths"][r[1]]), r))
-    return [sorted(by_len[i:i + rows_per_pass]) for i in range(0, len(by_len), rows_per_pass)]
+def learner_passes(active: Sequence[int], rows: int, rows_per_pass: int) -> list[list[int]]:
+    """The step's active learners cut into forward/backward passes of whole learners (each
+    learner's ``rows`` rows stay in one pass, as the stacked matmuls need); ``rows_per_pass``
+    bounds a pass's rows (0: one pass; a pass always holds at least one learner)."""
+    per = len(active) if not rows_per_pass else max(1, rows_per_pass // max(1, rows))
+    return [list(active[i:i + per]) for i in range(0, len(active), per)]
 
 
-def gather_rows(parts: Mapping[int, Mapping[str, Any]], rows: Sequence[Row]) -> dict[str, Any]:
-    """One padded batch of the given rows (features cut or zero-padded to the longest)."""
-    lengths = torch.stack([parts[j]["lengths"][i] for j, i in rows])
+def gather_rows(parts: Mapping[int, Mapping[str, Any]], learners: Sequence[int],
+                rows: int) -> tuple[dict[str, Any], list[bool]]:
+    """One padded batch of the learners' batches, ``rows`` rows each (learner-major), and which
+    rows are real: a learner with a short batch is filled up with copies of its first row,
+    which weigh nothing in its loss (rows never interact in the model)."""
+    order: list[Row] = []
+    real: list[bool] = []
+    for j in learners:
+        n = len(parts[j]["texts"])
+        order += [(j, i) for i in range(n)] + [(j, 0)] * (rows - n)
+        real += [True] * n + [False] * (rows - n)
+    lengths = torch.stack([parts[j]["lengths"][i] for j, i in order])
     t_max = int(lengths.max())
     feats = []
-    for j, i in rows:
+    for j, i in order:
         f = parts[j]["features"][i, :, :t_max]
         feats.append(torch.nn.functional.pad(f, (0, t_max - f.shape[-1])))
-    return {"features": torch.stack(feats), "lengths": lengths,
-            "texts": [parts[j]["texts"][i] for j, i in rows],
-            "languages": [parts[j]["languages"][i] for j, i in rows]}
+    return ({"features": torch.stack(feats), "lengths": lengths,
+             "texts": [parts[j]["texts"][i] for j, i in order],
+             "languages": [parts[j]["languages"][i] for j, i in order]}, real)
 
 
 @dataclass
@@ -157,7 +159,7 @@ def train_block(runner: Any, block: Sequence[tuple[int, Sequence[object]]],
                             generator(runner.seed, "client-batches", round_, client))
                for j, (client, items) in enumerate(block)]
     torch.manual_seed(derive_seed(runner.seed, "block-torch", round_, *[c for c, _ in block]))
-    loss_sum = [0.0] * k
+    loss_sum = torch.zeros(k, dtype=torch.float64, device=dev)  # read once, at the end
     steps = [0] * k
     model = runner.model
     model.train()
@@ -169,19 +171,23 @@ def train_block(runner: Any, block: Sequence[tuple[int, Sequence[object]]],
         # each client's loss is its mean over its tokens in this step: the divisor is known
         # before the forward (transcript tokens + eos), so passes can be summed
         n_tok = {j: float(sum(model.target_counts(parts[j]["texts"]))) for j in active}
-        step_loss = torch.zeros(k, dtype=torch.float64)
-        for rows in passes(parts, runner.rows_per_pass):
-            splits = [sum(1 for r in rows if r[0] == j) for j in range(k)]
-            batch = gather_rows(parts, rows)
-            with stacked_trainables(model, stacks, splits), placement.compute():
-                sums, _ = model.row_losses(batch)
-                row = torch.tensor([r[0] for r in rows], device=sums.device)
-                per = torch.zeros(k, dtype=sums.dtype, device=sums.device).index_add(0, row, sums)
-                scale = torch.tensor([1.0 / n_tok[j] if j in n_tok else 0.0 for j in range(k)],
-                                     dtype=sums.dtype, device=sums.device)
-                client_loss = per * scale  # each client's share of its own mean loss
+        rows = max(len(parts[j]["texts"]) for j in active)
+        for learners in learner_passes(active, rows, runner.rows_per_pass):
+            batch, real = gather_rows(parts, learners, rows)
+            owners = [j for j in learners for _ in range(rows)]
+            weight = torch.tensor([1.0 / n_tok[j] if r else 0.0 for j, r in zip(owners, real)])
+            if len(learners) == k:
+                mine = stacks
+            else:
+                index = torch.tensor(learners, device=dev)
+                mine = {name: t.index_select(0, index) for name, t in stacks.items()}
+            step = model.prepare(batch, placement.buckets)
+            with stacked_trainables(model, mine):
+                sums = placement.row_losses(model, step)
+                client_loss = (sums * weight.to(sums)).view(len(learners), rows).sum(1)
                 client_loss.sum().backward()
-            step_loss += client_loss.detach().double().cpu()
+            loss_sum.index_add_(0, torch.tensor(learners, device=dev),
+                                client_loss.detach().double())
         on = torch.tensor([j in parts for j in range(k)], device=dev)
         if ccfg.max_grad_norm > 0:
             _clip_per_client([t for t in stacks.values() if t.grad is not None],
@@ -189,14 +195,13 @@ def train_block(runner: Any, block: Sequence[tuple[int, Sequence[object]]],
         lr = torch.tensor([lr_at(steps[j], totals[j], fl.lr, ccfg.warmup_steps) if j in parts
                            else 0.0 for j in range(k)], dtype=torch.float64, device=dev)
         opt.step(lr, on)
-        values = step_loss.tolist()
         for j in active:
-            loss_sum[j] += values[j]
             steps[j] += 1
     with torch.no_grad():
         deltas = [{name: (stacks[name][j] - global_state[name].to(stacks[name].device)).clone()
                    for name in stacks} for j in range(k)]
-    return BlockResult(deltas, [loss_sum[j] / max(1, steps[j]) for j in range(k)], steps)
+    losses = loss_sum.tolist()
+    return BlockResult(deltas, [losses[j] / max(1, steps[j]) for j in range(k)], steps)
 
 
 def _clip_per_client(stacks: Sequence[torch.Tensor], max_norm: float) -> None:

@@ -144,7 +144,7 @@ class ClientRunner:
                             self.fl.max_local_steps)
         opt = self._optimizer()
         self.model.train()
-        step, loss_sum, loss_n = 0, 0.0, 0
+        step, loss_sum = 0, torch.zeros((), dtype=torch.float64)
         while step < total:
             for batch in self.make_batches(utterances, self.fl.batch_size, g):
                 if step >= total:
@@ -159,14 +159,13 @@ class ClientRunner:
                         [p for p in self.params.values() if p.grad is not None],
                         self.client_cfg.max_grad_norm)
                 opt.step()
-                loss_sum += loss
-                loss_n += 1
+                loss_sum = loss_sum.to(loss.device) + loss.double()  # read once, at the end
                 step += 1
         with torch.no_grad():
             delta = {name: (p.detach() - global_state[name]).clone()
                      for name, p in self.params.items()}
         return ClientUpdate(client=client, delta=delta, n_samples=len(utterances),
-                            loss=loss_sum / max(1, loss_n), steps=step)
+                            loss=float(loss_sum) / max(1, step), steps=step)
 
     def train_cohort(self, clients: Iterable[tuple[int, Sequence[object]]],
                      global_state: Mapping[str, torch.Tensor], round_: int) -> Iterator[ClientUpdate]:

@@ -1,10 +1,18 @@
-"""LoRA adaptation (PEFT) and the trainable-group view the engine and privacy core use.
+"""LoRA adaptation and the trainable-group view the engine and privacy core use.
 
 LoRA goes on q/k/v of every encoder and decoder attention layer; the connector is trained fully;
 everything else is frozen. Module patterns are anchored at ``encoder.`` and ``decoder.model.``,
 so Voxtral's audio tower and LM are separated even though their layers share names. A
 frozen-encoder model gets no encoder LoRA at all (not merely zero-lr LoRA), so it lists no
 encoder groups.
+
+:class:`LoRALinear` is PEFT's LoRA layer as this project needs it: the same parameter names
+(``q_proj.base_layer.weight``, ``q_proj.lora_A.default.weight``, ...), the same initialisation
+drawn in the same order and the same scaling alpha/r (tests/models/test_lora.py checks it
+against PEFT), so checkpoints and groups are unchanged -- with a forward written for speed: one
+path for a single learner and for K learners at once (adapters stacked on a learner axis and
+applied with two batched matmuls), no per-call adapter bookkeeping, no hooks. The connector's
+linear layers are :class:`StackedLinear` for the same reason.
 
 Groups are one per LoRA A / B matrix and per connector weight / bias, named after the parameter
 (``decoder.model.layers.0.self_attn.q_proj.lora_A``), in module order, which is stable for a
@@ -13,8 +21,10 @@ given architecture and config.
 
 from __future__ import annotations
 
+import math
+import re
 from contextlib import contextmanager
-from typing import Iterator, Mapping, Sequence
+from typing import Iterator, Mapping
 
 import torch
 from torch import nn
@@ -29,20 +39,100 @@ _ADAPTER = "default"
 
 
 def lora_pattern(freeze_encoder: bool) -> str:
-    """PEFT ``target_modules`` regex (full match) for the encoder and/or decoder q/k/v."""
+    """The regex (full match) of the module names that get LoRA: decoder (and encoder) q/k/v."""
     return DECODER_PATTERN if freeze_encoder else f"({ENCODER_PATTERN})|({DECODER_PATTERN})"
+
+
+def _per_learner(x: torch.Tensor, k: int) -> torch.Tensor:
+    """``x`` (rows, ..., d) as (k, rows/k x ..., d): learner j's rows are the j-th contiguous
+    block of rows, every learner with the same number of rows."""
+    return x.reshape(k, -1, x.shape[-1])
+
+
+class LoRALinear(nn.Module):
+    """``y = base(x) + (alpha / r) * B A dropout(x)`` with PEFT's names, init and scaling.
+
+    ``stack`` (None outside a block): ``(A, B)`` of shapes ``(K, r, in)`` and ``(K, out, r)``,
+    learner k's adapter at index k; the input's rows are then K equal contiguous blocks, one per
+    learner, and each block gets its own learner's term.
+    """
+
+    def __init__(self, base: nn.Linear, rank: int, alpha: float, dropout: float):
+        super().__init__()
+        self.base_layer = base
+        # created then re-initialised exactly as PEFT does (same random draws, same order)
+        self.lora_A = nn.ModuleDict({_ADAPTER: nn.Linear(base.in_features, rank, bias=False)})
+        self.lora_B = nn.ModuleDict({_ADAPTER: nn.Linear(rank, base.out_features, bias=False)})
+        nn.init.kaiming_uniform_(self.lora_A[_ADAPTER].weight, a=math.sqrt(5))
+        nn.init.zeros_(self.lora_B[_ADAPTER].weight)
+        dev = base.weight.device
+        if dev.type != "meta":
+            self.lora_A.to(dev)
+            self.lora_B.to(dev)
+        self.scaling = alpha / rank
+        self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+        self.stack: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    @property
+    def weight(self) -> torch.Tensor:  # modules that read q_proj.weight (dtype, shape) see the base
+        return self.base_layer.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.base_layer(x)
+        h = self.dropout(x)
+        if self.stack is None:
+            delta = nn.functional.linear(nn.functional.linear(h, self.lora_A[_ADAPTER].weight),
+                                         self.lora_B[_ADAPTER].weight)
+        else:
+            a, b = self.stack
+            hk = _per_learner(h, a.shape[0])
+            delta = torch.bmm(torch.bmm(hk, a.transpose(1, 2)), b.transpose(1, 2))
+            delta = delta.reshape(*out.shape[:-1], delta.shape[-1])
+        return out + (delta * self.scaling).to(out.dtype)
+
+
+class StackedLinear(nn.Linear):
+    """``nn.Linear`` (same parameters and names) that can run K learners' weights at once:
+    ``stack = (W (K, out, in), b (K, out) or None)``, rows in K equal contiguous blocks."""
+
+    stack: tuple[torch.Tensor, torch.Tensor | None] | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.stack is None:
+            return super().forward(x)
+        w, b = self.stack
+        xk = _per_learner(x, w.shape[0])
+        y = torch.bmm(xk, w.transpose(1, 2)) if b is None else torch.baddbmm(
+            b[:, None, :], xk, w.transpose(1, 2))
+        return y.reshape(*x.shape[:-1], y.shape[-1])
+
+
+def make_stackable(module: nn.Module) -> nn.Module:
+    """Turn every ``nn.Linear`` inside ``module`` into a :class:`StackedLinear` sharing its
+    parameters (names unchanged); returns ``module``."""
+    for name, child in list(module.named_children()):
+        if type(child) is nn.Linear:
+            new = StackedLinear.__new__(StackedLinear)
+            new.__dict__.update(child.__dict__)  # the same Parameter objects, hooks, flags
+            setattr(module, name, new)
+        else:
+            make_stackable(child)
+    return module
 
 
 def apply_lora(model: nn.Module, model_cfg: ModelConfig) -> nn.Module:
     """Inject LoRA in place and set ``requires_grad``: LoRA + connector train, the rest is frozen."""
-    from peft import LoraConfig, inject_adapter_in_model
-
     for p in model.parameters():
         p.requires_grad_(False)
-    config = LoraConfig(r=model_cfg.lora_rank, lora_alpha=model_cfg.lora_alpha,
-                        lora_dropout=model_cfg.lora_dropout,
-                        target_modules=lora_pattern(model_cfg.freeze_encoder), bias="none")
-    inject_adapter_in_model(config, model, adapter_name=_ADAPTER)
+    pattern = re.compile(lora_pattern(model_cfg.freeze_encoder))
+    targets = [name for name, m in model.named_modules()
+               if isinstance(m, nn.Linear) and pattern.fullmatch(name)]
+    for name in targets:
+        parent, _, child = name.rpartition(".")
+        owner = model.get_submodule(parent)
+        setattr(owner, child, LoRALinear(getattr(owner, child), model_cfg.lora_rank,
+                                         model_cfg.lora_alpha, model_cfg.lora_dropout))
+    make_stackable(model.connector)
     for name, p in model.named_parameters():
         p.requires_grad_(".lora_" in name or name.startswith("connector."))
     model.lora = {"rank": model_cfg.lora_rank, "alpha": model_cfg.lora_alpha,
@@ -101,97 +191,33 @@ def describe_groups(model_cfg: ModelConfig) -> list[GroupSpec]:
 
 # ---- several learners in one forward ------------------------------------------------------------
 
-class _PerLearner(nn.Module):
-    """Runs a module once per learner on that learner's contiguous rows, with its own weights."""
-
-    def __init__(self, inner: nn.Module, stacks: Mapping[str, torch.Tensor], splits: Sequence[int]):
-        super().__init__()
-        self.inner = inner
-        self.stacks = dict(stacks)  # local parameter name -> (K, *shape)
-        self.splits = list(splits)
-        self.stack = getattr(inner, "stack", None)  # the connector's frame stacking
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        outs, start = [], 0
-        per = {name: t.unbind(0) for name, t in self.stacks.items()}
-        for k, n in enumerate(self.splits):
-            if n:
-                weights = {name: ts[k] for name, ts in per.items()}
-                outs.append(torch.func.functional_call(self.inner, weights, (x[start:start + n],)))
-            start += n
-        return torch.cat(outs)
-
-
-def _lora_hook(a: torch.Tensor, b: torch.Tensor, splits: Sequence[int], scaling: float,
-               dropout: nn.Module):
-    """Forward hook adding each learner's LoRA term ``B_k A_k x`` to its rows of the
-    (adapter-disabled) base output: one batched matmul over learners when every active learner
-    has the same number of rows (the common case: full batches), else one matmul per learner."""
-    active = [k for k, n in enumerate(splits) if n]
-    equal = len({splits[k] for k in active}) == 1
-    index = torch.tensor(active, device=a.device)
-    full = len(active) == len(splits)
-
-    def hook(module: nn.Module, args: tuple, out: torch.Tensor) -> torch.Tensor:
-        x = dropout(args[0].to(a.dtype))
-        if equal:
-            a_k = a if full else a.index_select(0, index)
-            b_k = b if full else b.index_select(0, index)
-            xs = x.reshape(len(active), -1, x.shape[-1])  # (learners, rows x positions, in)
-            delta = torch.bmm(torch.bmm(xs, a_k.transpose(1, 2)), b_k.transpose(1, 2))
-            delta = delta.reshape(*x.shape[:-1], delta.shape[-1])
-        else:  # unbind: one gradient scatter for all learners, not one full-size zero each
-            parts, start = [], 0
-            a_k, b_k = a.unbind(0), b.unbind(0)
-            for k, n in enumerate(splits):
-                if n:
-                    parts.append(x[start:start + n] @ a_k[k].t() @ b_k[k].t())
-                start += n
-            delta = torch.cat(parts)
-        return out + (delta * scaling).to(out.dtype)
-
-    return hook
-
-
 @contextmanager
-def stacked_trainables(model: nn.Module, stacks: Mapping[str, torch.Tensor],
-                       splits: Sequence[int]) -> Iterator[None]:
+def stacked_trainables(model: nn.Module, stacks: Mapping[str, torch.Tensor]) -> Iterator[None]:
     """Within the block, the model runs K learners at once on one batch.
 
     ``stacks`` maps every trainable group name to a ``(K, *shape)`` tensor (learner k's LoRA A/B
-    and connector weights at index k); ``splits[k]`` is how many consecutive batch rows belong to
-    learner k. Every LoRA layer adds ``B_k A_k x`` to the rows x of learner k, and the connector
-    runs once per learner with that learner's weights (:func:`torch.func.functional_call`). The
-    frozen base is shared; gradients land in the stacks only. The model's own trainable
-    parameters are not used (adapters are disabled and the connector swapped out for the
-    duration) and are restored on exit.
+    and connector weights at index k). The batch's rows must be K equal contiguous blocks,
+    learner k's rows the k-th block (a learner with fewer rows is padded by the caller with rows
+    that do not count in its loss). Every LoRA layer adds learner k's ``B_k A_k x`` to its rows
+    and the connector's linear layers apply learner k's weights, each as one batched matmul over
+    learners; the frozen base is shared and gradients land in the stacks only. The model's own
+    trainable parameters are not used for the duration; the stacks are detached on exit.
     """
-    from peft.tuners.lora import LoraLayer
-
     params = dict(_trainable_params(model))
     missing = set(params) - set(stacks)
     if missing:
         raise KeyError(f"stacked_trainables: no stack for {sorted(missing)[:3]}")
-    grads = {name: p.requires_grad for name, p in params.items()}
-    handles, layers = [], []
-    connector = model.connector
+    modules = dict(model.named_modules())
+    wired: list[nn.Module] = []
     try:
-        for name, module in model.named_modules():
-            if not isinstance(module, LoraLayer) or _ADAPTER not in module.lora_A:
-                continue
-            module.enable_adapters(False)  # the base output only; the hook adds each row's term
-            layers.append(module)
-            hook = _lora_hook(stacks[f"{name}.lora_A"], stacks[f"{name}.lora_B"], splits,
-                              module.scaling[_ADAPTER], module.lora_dropout[_ADAPTER])
-            handles.append(module.register_forward_hook(hook))
-        local = {n[len("connector."):]: t for n, t in stacks.items() if n.startswith("connector.")}
-        model.connector = _PerLearner(connector, local, splits)
+        for name, module in modules.items():
+            if isinstance(module, LoRALinear) and f"{name}.lora_A" in params:
+                module.stack = (stacks[f"{name}.lora_A"], stacks[f"{name}.lora_B"])
+                wired.append(module)
+            elif isinstance(module, StackedLinear) and f"{name}.weight" in params:
+                module.stack = (stacks[f"{name}.weight"], stacks.get(f"{name}.bias"))
+                wired.append(module)
         yield
     finally:
-        model.connector = connector
-        for h in handles:
-            h.remove()
-        for module in layers:
-            module.enable_adapters(True)
-        for name, p in params.items():
-            p.requires_grad_(grads[name])
+        for module in wired:
+            module.stack = None

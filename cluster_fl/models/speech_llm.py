@@ -16,6 +16,8 @@ Single-device model code: no distributed logic and no device placement beyond ``
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -36,6 +38,114 @@ class Batch:
     lengths: torch.Tensor
     texts: list[str]
     languages: list[str | None]
+
+
+@dataclass(frozen=True)
+class Buckets:
+    """Quanta the step's shapes are rounded up to (1 = exact): mel frames, decoder positions
+    (and prompt + text width), transcript targets. Padding to buckets bounds how many distinct
+    shapes a run's steps have, so a compiled step is captured a bounded number of times."""
+
+    frames: int = 1
+    tokens: int = 1
+    targets: int = 1
+
+    @staticmethod
+    def round(n: int, quantum: int) -> int:
+        return -(-n // quantum) * quantum
+
+
+def _move(obj: Any, device: torch.device) -> Any:
+    """A dataclass of tensors (nested) with every tensor on ``device`` (asynchronous copies)."""
+    changes = {}
+    for f in dataclasses.fields(obj):
+        v = getattr(obj, f.name)
+        if isinstance(v, torch.Tensor):
+            changes[f.name] = v.to(device, non_blocking=True)
+        elif dataclasses.is_dataclass(v):
+            changes[f.name] = _move(v, device)
+    return dataclasses.replace(obj, **changes)
+
+
+@dataclass
+class EncoderMasks:
+    """A padded batch's encoder masks: mel frames kept ``(B, 1, T)``, the additive
+    self-attention mask ``(B, 1, 1, T')``, valid encoder frames ``(B, T', 1)``, lengths ``T'``."""
+
+    frames: torch.Tensor
+    attention: torch.Tensor
+    valid: torch.Tensor
+    out_len: torch.Tensor
+
+
+@dataclass
+class StepInputs:
+    """One batch made ready on the host (:meth:`SpeechLLM.prepare`): features, every mask and
+    every index of the decoder's input layout and of the transcript targets. Only ``n_tokens``
+    stays on the host (the divisor of a mean loss is known before the step)."""
+
+    features: torch.Tensor  # (B, n_mels, T) padded log-mels
+    encoder: EncoderMasks
+    ids: torch.Tensor  # (B, W) prompt + text token ids, right-padded
+    source: torch.Tensor  # (B, L) index into [audio slots | prompt + text] of each position
+    valid: torch.Tensor  # (B, L, 1) 1 on real positions
+    attention: torch.Tensor  # (B, 1, L, L) additive causal + padding mask (float32)
+    cos: torch.Tensor  # (1, L, head_dim) the decoder's rotary tables
+    sin: torch.Tensor
+    target_index: torch.Tensor  # (N,) flat position b*L + t of each transcript target (pad: 0)
+    target_ids: torch.Tensor  # (N,) the target token (pad: IGNORE)
+    target_rows: torch.Tensor  # (N,) the row b of each target (pad: 0)
+    n_tokens: torch.Tensor  # (B,) transcript targets per row
+
+    @property
+    def rows(self) -> int:
+        return self.ids.shape[0]
+
+    def to(self, device: torch.device) -> "StepInputs":
+        """The same inputs on ``device`` (non-blocking copies; pinned host memory makes them
+        asynchronous)."""
+        return self if self.features.device == device else _move(self, device)
+
+
+def _decoder_layout(n_audio: Sequence[int], slots: int, prompts: Sequence[Sequence[int]],
+                    bodies: Sequence[Sequence[int]], pad_id: int, eos_id: int,
+                    buckets: Buckets) -> dict[str, Any]:
+    """Host arithmetic of the decoder's inputs ``[audio_i | prompt_i | text_i]`` (right-padded):
+    token ids, each position's source in ``[audio slots | ids]``, masks and the targets (IGNORE
+    except on the transcript tokens and eos)."""
+    b = len(bodies)
+    n_in = [len(p) + len(t) for p, t in zip(prompts, bodies)]  # prompt + text (eos: target only)
+    width = Buckets.round(max(n_in), buckets.tokens)
+    length = Buckets.round(max(a + m for a, m in zip(n_audio, n_in)), buckets.tokens)
+    n_targets = [len(t) + 1 for t in bodies]
+    n_slots = Buckets.round(sum(n_targets), buckets.targets)
+    ids = np.full((b, width), pad_id, dtype=np.int64)
+    source = np.zeros((b, length), dtype=np.int64)
+    valid = np.zeros((b, length), dtype=bool)
+    index = np.zeros(n_slots, dtype=np.int64)
+    tgt_ids = np.full(n_slots, IGNORE, dtype=np.int64)
+    rows = np.zeros(n_slots, dtype=np.int64)
+    at = 0
+    for i, (p, t) in enumerate(zip(prompts, bodies)):
+        a, m = n_audio[i], n_in[i]
+        ids[i, :m] = list(p) + list(t)
+        source[i, :a] = np.arange(a)
+        source[i, a:a + m] = slots + np.arange(m)
+        valid[i, :a + m] = True
+        start = a + len(p) - 1  # the position that predicts the first transcript token
+        index[at:at + n_targets[i]] = i * length + start + np.arange(n_targets[i])
+        tgt_ids[at:at + n_targets[i]] = list(t) + [eos_id]
+        rows[at:at + n_targets[i]] = i
+        at += n_targets[i]
+    causal = np.tril(np.ones((length, length), dtype=bool))
+    allowed = causal[None, :, :] & valid[:, None, :]
+    attention = np.where(allowed, 0.0, np.finfo(np.float32).min).astype(np.float32)
+    return dict(ids=torch.from_numpy(ids), source=torch.from_numpy(source),
+                valid=torch.from_numpy(valid[..., None].astype(np.float32)),
+                attention=torch.from_numpy(attention[:, None]),
+                target_index=torch.from_numpy(index), target_ids=torch.from_numpy(tgt_ids),
+                target_rows=torch.from_numpy(rows),
+                n_tokens=torch.tensor(n_targets, dtype=torch.long), length=length)
 
 
 def collate(features: Sequence[Any], texts: Sequence[str],
@@ -125,38 +235,52 @@ class SpeechLLM(nn.Module):
         return next(self.decoder.parameters()).device
 
     # ---- encoder ---------------------------------------------------------------------------
-    def encode(self, features: torch.Tensor, lengths: torch.Tensor
-               ) -> tuple[torch.Tensor, torch.Tensor]:
+    def encoder_masks(self, lengths: torch.Tensor, frames: int) -> EncoderMasks:
+        """The masks of a padded batch of ``frames`` mel frames, from its lengths: computed on
+        the host by :meth:`prepare` for a training step, on the device when decoding."""
+        dev = lengths.device
+        keep = (torch.arange(frames, device=dev)[None, :] < lengths[:, None]).unsqueeze(1)
+        out_len = (lengths - 1) // 2 + 1
+        t_out = (frames - 1) // 2 + 1  # the stride-2 convolution's output length
+        valid = torch.arange(t_out, device=dev)[None, :] < out_len[:, None]
+        attn = torch.zeros(valid.shape, device=dev).masked_fill(
+            ~valid, torch.finfo(torch.float32).min)[:, None, None, :]
+        return EncoderMasks(keep.float(), attn, valid.unsqueeze(-1).float(), out_len)
+
+    def encode(self, features: torch.Tensor, lengths: torch.Tensor,
+               masks: EncoderMasks | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Encoder states ``(B, T', d)`` and valid lengths ``T'_i`` (2x downsampled)."""
         enc = self.encoder
         max_frames = 2 * enc.embed_positions.weight.shape[0]
         if features.shape[-1] > max_frames:  # longer than the encoder's window: truncate
             features, lengths = features[..., :max_frames], lengths.clamp(max=max_frames)
+            masks = None
+        masks = masks or self.encoder_masks(lengths, features.shape[-1])
         # Zero the padding before each convolution: a padded utterance then sees the same zeros
         # at its end as it would alone, whatever value the collator padded with.
-        keep = (torch.arange(features.shape[-1], device=features.device)[None, :]
-                < lengths[:, None]).unsqueeze(1)
-        x = nn.functional.gelu(enc.conv1(features * keep))
-        x = x * keep
+        x = nn.functional.gelu(enc.conv1(features * masks.frames.to(features.dtype)))
+        x = x * masks.frames.to(x.dtype)
         x = nn.functional.gelu(enc.conv2(x)).permute(0, 2, 1)
-        out_len = (lengths - 1) // 2 + 1
         x = x + enc.embed_positions.weight[: x.shape[1]].to(x.dtype)
-        valid = torch.arange(x.shape[1], device=x.device)[None, :] < out_len[:, None]
-        mask = torch.zeros(valid.shape, dtype=x.dtype, device=x.device)
-        mask = mask.masked_fill(~valid, torch.finfo(x.dtype).min)[:, None, None, :]
         x = nn.functional.dropout(x, p=enc.dropout, training=self.training)
         for layer in enc.layers:
-            x = layer(x, attention_mask=mask)
-        return enc.layer_norm(x), out_len
+            x = layer(x, attention_mask=masks.attention)
+        return enc.layer_norm(x), masks.out_len
 
-    def audio_embeddings(self, features: torch.Tensor, lengths: torch.Tensor
+    def audio_embeddings(self, features: torch.Tensor, lengths: torch.Tensor,
+                         masks: EncoderMasks | None = None
                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """(audio tokens ``(B, N, D)``, their counts, encoder states, encoder lengths)."""
-        states, enc_len = self.encode(features, lengths)
+        if masks is None and features.shape[-1] <= 2 * self.encoder.embed_positions.weight.shape[0]:
+            masks = self.encoder_masks(lengths, features.shape[-1])
+        states, enc_len = self.encode(features, lengths, masks)
         k = self.connector.stack
         b, t, d = states.shape
-        valid = torch.arange(t, device=states.device)[None, :] < enc_len[:, None]
-        x = states * valid.unsqueeze(-1)
+        if masks is not None:
+            x = states * masks.valid.to(states.dtype)
+        else:
+            valid = torch.arange(t, device=states.device)[None, :] < enc_len[:, None]
+            x = states * valid.unsqueeze(-1)
         pad = (-t) % k
         if pad:
             x = nn.functional.pad(x, (0, 0, 0, pad))
@@ -172,10 +296,12 @@ class SpeechLLM(nn.Module):
              ) -> tuple[torch.Tensor, int]:
         """Mean cross-entropy over transcript tokens (+ ``ctc_weight`` x CTC) and the token count."""
         batch = as_batch(batch)
-        logits, tgt, keep, states, enc_len = self._transcript_logits(batch)
-        n_tokens = int(keep.sum())
-        loss = nn.functional.cross_entropy(logits.float(), tgt[keep], reduction="mean")
+        step = self.prepare(batch)
+        n_tokens = int(step.n_tokens.sum())
+        loss = self.row_loss_sums(step).sum() / max(n_tokens, 1)
         if ctc_weight > 0.0 and self.ctc_head is not None:
+            dev = self.device
+            states, enc_len = self.encode(batch.features.to(dev), batch.lengths.to(dev))
             loss = loss + ctc_weight * self._ctc_loss(states, enc_len, batch.texts)
         return loss, n_tokens
 
@@ -184,30 +310,94 @@ class SpeechLLM(nn.Module):
 
         For batches whose rows belong to different learners (several clients in one step): each
         learner's mean loss is its rows' sum over its rows' count."""
-        batch = as_batch(batch)
-        logits, tgt, keep, _, _ = self._transcript_logits(batch)
-        token = nn.functional.cross_entropy(logits.float(), tgt[keep], reduction="none")
-        rows = keep.nonzero()[:, 0]
-        b = keep.shape[0]
-        sums = torch.zeros(b, dtype=token.dtype, device=token.device).index_add(0, rows, token)
-        return sums, keep.sum(dim=1)
+        step = self.prepare(as_batch(batch))
+        return self.row_loss_sums(step), step.n_tokens
 
     def target_counts(self, texts: Sequence[str]) -> list[int]:
         """Tokens each transcript contributes to the loss (its tokens + eos), before any forward."""
         return [len(self.tokenizer.encode(t)) + 1 for t in texts]
 
-    def _transcript_logits(self, batch: Batch) -> tuple[torch.Tensor, ...]:
-        """LM-head logits on the transcript positions, the targets, their mask, encoder output."""
-        dev = self.device
-        audio, n_audio, states, enc_len = self.audio_embeddings(
-            batch.features.to(dev), batch.lengths.to(dev))
-        emb, attn, tgt = self._decoder_inputs(audio, n_audio, batch.texts, batch.languages)
-        # no KV cache in training: it costs memory, and a recomputed (checkpointed) layer would
-        # append its keys to it twice
-        hidden = self.decoder.model(inputs_embeds=emb, attention_mask=attn,
-                                    use_cache=False).last_hidden_state
-        keep = tgt != IGNORE  # the LM head runs on transcript positions only
-        return self.decoder.lm_head(hidden[keep]), tgt, keep, states, enc_len
+    # ---- the training step's two halves: host preparation, then a device graph -------------
+    def audio_token_counts(self, lengths: Sequence[int]) -> list[int]:
+        """Audio tokens each utterance of ``lengths`` mel frames becomes (host arithmetic: the
+        encoder's window cut, its 2x downsampling, the connector's k-frame stacking)."""
+        max_frames = 2 * self.encoder.embed_positions.weight.shape[0]
+        k = self.connector.stack
+        return [((min(int(n), max_frames) - 1) // 2 + 1 + k - 1) // k for n in lengths]
+
+    def prepare(self, batch: Batch | Mapping[str, Any],
+                buckets: Buckets | tuple[int, int, int] | None = None) -> StepInputs:
+        """Everything the step needs that depends on sizes, computed on the host before it runs.
+
+        Tokenisation, every length and mask, the decoder's input layout, its rotary tables and
+        the transcript targets' positions come from the batch's lengths and texts, so
+        :meth:`row_loss_sums` reads nothing back from the device (no ``.item()``, ``.tolist()``
+        or boolean indexing) and, with ``buckets``, sees one of a bounded number of shapes (a
+        compiled step is reused)."""
+        batch = as_batch(batch)
+        tok = self.tokenizer
+        feats, lengths = batch.features, batch.lengths.to(torch.long)
+        max_frames = 2 * self.encoder.embed_positions.weight.shape[0]
+        if feats.shape[-1] > max_frames:  # longer than the encoder's window: truncate
+            feats, lengths = feats[..., :max_frames], lengths.clamp(max=max_frames)
+        buckets = Buckets(*buckets) if isinstance(buckets, tuple) else buckets or Buckets()
+        frames = min(buckets.round(feats.shape[-1], buckets.frames), max_frames)
+        if frames > feats.shape[-1]:
+            feats = nn.functional.pad(feats, (0, frames - feats.shape[-1]))
+        k = self.connector.stack
+        slots = ((frames - 1) // 2 + 1 + k - 1) // k  # audio tokens of the padded features
+        n_audio = self.audio_token_counts(lengths.tolist())
+        prompts = [tok.prompt_ids(lang) for lang in batch.languages]
+        bodies = [tok.encode(text) for text in batch.texts]
+        layout = _decoder_layout(n_audio, slots, prompts, bodies, tok.pad_id, tok.eos_id, buckets)
+        cos, sin = self._rotary_table(layout.pop("length"))
+        return StepInputs(features=feats, encoder=self.encoder_masks(lengths, frames),
+                          cos=cos, sin=sin, **layout)
+
+    def _rotary_table(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The decoder's rotary cos/sin for positions 0..length-1, made on the host (cached)."""
+        cache = self.__dict__.setdefault("_rotary_cache", {})
+        if length not in cache:
+            rotary = self.__dict__.get("_rotary_host")
+            if rotary is None:
+                rotary = copy.deepcopy(self.decoder.model.rotary_emb).to("cpu", torch.float32)
+                self.__dict__["_rotary_host"] = rotary
+            with torch.no_grad():
+                cache[length] = rotary(torch.zeros(1), torch.arange(length)[None, :])
+        return cache[length]
+
+    def row_loss_sums(self, step: StepInputs) -> torch.Tensor:
+        """Per-utterance sums ``(B,)`` of transcript-token cross-entropy: the step's device graph.
+
+        Every shape is fixed by ``step`` and nothing is read back to the host: the graph
+        :func:`torch.compile` captures once per bucket."""
+        step = step.to(self.device)
+        audio, _, _, _ = self.audio_embeddings(step.features, step.encoder.out_len, step.encoder)
+        text = self.decoder.get_input_embeddings()(step.ids)
+        d = audio.shape[-1]
+        table = torch.cat([audio, text.to(audio.dtype)], dim=1)  # [audio slots | prompt + text]
+        emb = table.gather(1, step.source[..., None].expand(-1, -1, d)) * step.valid.to(audio.dtype)
+        hidden = self._run_decoder(emb, step.attention, (step.cos.to(emb.dtype),
+                                                         step.sin.to(emb.dtype)))
+        # the LM head runs on the transcript positions only (their flat indices, host-made)
+        picked = hidden.reshape(-1, d).index_select(0, step.target_index)
+        token = nn.functional.cross_entropy(self.decoder.lm_head(picked).float(), step.target_ids,
+                                            ignore_index=IGNORE, reduction="none")
+        return torch.zeros(step.ids.shape[0], dtype=token.dtype, device=token.device).index_add(
+            0, step.target_rows, token)
+
+    def _run_decoder(self, emb: torch.Tensor, attention: torch.Tensor,
+                     rotary: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """The LM's layers on ``emb`` with a host-made 4-D additive mask and rotary tables (no KV
+        cache in training: it costs memory, and a recomputed layer would append to it twice)."""
+        lm = self.decoder.model
+        positions = torch.arange(emb.shape[1], device=emb.device)[None, :]
+        x = emb
+        for layer in lm.layers[: lm.config.num_hidden_layers]:
+            x = layer(x, attention_mask=attention.to(x.dtype) if x.dtype == torch.float16
+                      else attention, position_embeddings=rotary, position_ids=positions,
+                      use_cache=False)
+        return lm.norm(x)
 
     def ctc_loss(self, batch: Batch | Mapping[str, Any]) -> torch.Tensor:
         """The auxiliary CTC loss alone: runs only the encoder and the CTC head."""

@@ -47,8 +47,9 @@ def world(tiny_corpus, reference_run, tmp_path_factory):
     from cluster_fl.engine import setup
 
     torch.set_num_threads(1)
+    # float32: the tolerance above is float32's (a bf16 base adds its own rounding to both sides)
     cfg = tiny_config(tiny_corpus, tmp_path_factory.mktemp("batched"), "fl.max_local_steps=3",
-                      "fl.batch_size=2", "client.max_grad_norm=1.0")
+                      "fl.batch_size=2", "client.max_grad_norm=1.0", "model.dtype=float32")
     return setup.build_world(cfg, LocalComm(), lambda m: None)
 
 
