@@ -1,0 +1,324 @@
+"""Where a client step's time goes on one CPU core, against what the core can do (issue 23).
+
+    python bench/step_profile.py profile [key=value ...]   # one configuration, profiled
+    python bench/step_profile.py compare [--reps 3]        # today's default against the new
+                                                           # defaults, side by side
+
+The work is the study's client workload (bench/peers/common.py ``Work`` with batch 8 and 4 local
+steps): the random-init tiny speech-LLM (LoRA r4 + connector), 24 clients a round of 16
+utterances each, DP flat clipping with the secure sum, one torch thread per process. Speed does
+not depend on the weights.
+
+``profile`` prints, for one configuration (``key=value`` overrides of the work's config, e.g.
+``model.dtype=float32 model.compile=false``):
+
+* the core's measured matmul rate (GFLOP/s) at the model's shapes, fp32 and bf16, by this script;
+* FLOPs of a client step (``torch.utils.flop_counter``: matmuls and convolutions, forward and
+  backward) and the achieved GFLOP/s of the training compute;
+* the time split of a round per client update: data loading (batches from the feature cache),
+  host preparation of the step (``SpeechLLM.prepare``), training compute -- itself split by the
+  profiler's self time into matrix work, elementwise, copies/casts, compiled (fused) kernels,
+  the optimiser, and Python + dispatch (the rest) -- the per-client tail (clip, encode,
+  secure-sum add) and the round's own work (reduce, noise, server step).
+
+``compare`` runs each configuration in a fresh process (``--reps`` interleaved repetitions) and
+prints client updates per second in steady state, the first round (compile included) and a
+12-round run, as ratios to the first configuration: today's default before issue 23 (fp32,
+eager, one client per step) against the new defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.peers.common import Work, cluster_config, prepare  # noqa: E402
+
+WORK = Work(batch_size=8, local_steps=4, work_dir="/tmp/cluster_fl_step_profile")
+BASELINE = ["model.dtype=float32", "model.compile=false"]  # the default before issue 23
+VARIANTS = {"before (fp32, eager)": BASELINE,
+            "bf16, eager": ["model.dtype=bfloat16", "model.compile=false"],
+            "bf16, compiled": ["model.dtype=bfloat16", "model.compile=true"],
+            "defaults (auto)": []}
+
+MATRIX = ("aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm", "aten::mkldnn_convolution",
+          "aten::convolution_backward", "aten::_convolution", "aten::mkldnn_linear",
+          "aten::_scaled_dot_product_flash_attention_for_cpu")
+COPIES = ("aten::copy_", "aten::_to_copy", "aten::to", "aten::clone", "aten::contiguous",
+          "aten::cat", "aten::constant_pad_nd", "aten::index_select", "aten::fill_",
+          "aten::zero_", "aten::empty", "aten::empty_strided", "aten::zeros", "aten::stack",
+          "aten::gather", "aten::index_add", "aten::index_add_", "aten::scatter_add_",
+          "aten::embedding", "aten::embedding_dense_backward", "aten::_unsafe_view",
+          "aten::view", "aten::reshape", "aten::transpose", "aten::t", "aten::permute",
+          "aten::expand", "aten::as_strided", "aten::slice", "aten::select", "aten::unsqueeze",
+          "aten::resolve_conj", "aten::alias")
+
+
+def _config(overrides: list[str]):
+    from cluster_fl.config import replace
+    from cluster_fl.config_load import parse_override
+
+    cfg = cluster_config(WORK, "dp")
+    return replace(cfg, dict(parse_override(o) for o in overrides)) if overrides else cfg
+
+
+# --------------------------------------------------------------------------- core rates
+
+def matmul_rates(d_enc: int, d_dec: int, ffn: int, rows_enc: int, rows_dec: int,
+                 reps: int = 30) -> dict[str, dict[str, float]]:
+    """GFLOP/s of this core's matmuls at the model's shapes, fp32 and bf16 (one thread)."""
+    import torch
+
+    shapes = [(rows_enc, d_enc, d_enc), (rows_enc, d_enc, ffn), (rows_enc, ffn, d_enc),
+              (rows_dec, d_dec, d_dec), (rows_dec, d_dec, ffn), (rows_dec, ffn, d_dec),
+              (3000, 128, 512), (3000, 192, 512)]
+    out = {}
+    for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
+        rates = []
+        for m, k, n in shapes:
+            a, b = torch.randn(m, k).to(dtype), torch.randn(k, n).to(dtype)
+            for _ in range(3):
+                a @ b
+            t = time.perf_counter()
+            for _ in range(reps):
+                a @ b
+            rates.append(2 * m * k * n * reps / (time.perf_counter() - t) / 1e9)
+        out[name] = {"median": statistics.median(rates), "min": min(rates), "max": max(rates)}
+    return out
+
+
+# --------------------------------------------------------------------------- one configuration
+
+class Timers:
+    """Wall time spent inside wrapped callables, by label."""
+
+    def __init__(self) -> None:
+        self.t: dict[str, float] = {}
+
+    def add(self, label: str, dt: float) -> None:
+        self.t[label] = self.t.get(label, 0.0) + dt
+
+    def wrap(self, label: str, fn: Any) -> Any:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.add(label, time.perf_counter() - t0)
+        return timed
+
+    def wrap_iter(self, label: str, fn: Any) -> Any:
+        def timed(*args: Any, **kwargs: Any) -> Iterator[Any]:
+            it = fn(*args, **kwargs)
+            while True:
+                t0 = time.perf_counter()
+                try:
+                    item = next(it)
+                except StopIteration:
+                    self.add(label, time.perf_counter() - t0)
+                    return
+                self.add(label, time.perf_counter() - t0)
+                yield item
+        return timed
+
+
+def build(overrides: list[str]) -> Any:
+    import torch
+
+    from cluster_fl.dist import LocalComm
+    from cluster_fl.engine import setup
+
+    torch.set_num_threads(1)
+    return setup.build_world(_config(overrides), LocalComm(), lambda m: None)
+
+
+def instrument(world: Any) -> Timers:
+    """Timers around data loading, host preparation, the per-client tail and the step."""
+    timers = Timers()
+    engine, runner = world.engine, world.engine.runner
+    runner.make_batches = timers.wrap_iter("data", runner.make_batches)
+    model = runner.model
+    model.prepare = timers.wrap("prepare", model.prepare)
+    engine._contribute = timers.wrap("tail", engine._contribute)
+    runner.train_cohort = timers.wrap_iter("clients", runner.train_cohort)
+    return timers
+
+
+@contextmanager
+def flops_counted() -> Iterator[Any]:
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        yield counter
+
+
+def categorise(prof: Any) -> dict[str, float]:
+    """Self CPU seconds of the profiled region by category (op names, see MATRIX/COPIES)."""
+    cats = {"matrix": 0.0, "copies/casts/views": 0.0, "compiled kernels": 0.0,
+            "optimiser": 0.0, "elementwise/other ops": 0.0}
+    for e in prof.key_averages():
+        s = e.self_cpu_time_total / 1e6
+        name = e.key
+        if name in MATRIX:
+            cats["matrix"] += s
+        elif name in COPIES:
+            cats["copies/casts/views"] += s
+        elif "cpp_fused" in name or "CompiledFxGraph" in name or name.startswith("graph_"):
+            cats["compiled kernels"] += s
+        elif name.startswith(("aten::_foreach", "aten::_fused_adam", "Optimizer.", "aten::lerp",
+                              "aten::addcdiv", "aten::addcmul")):
+            cats["optimiser"] += s
+        elif name.startswith("aten::"):
+            cats["elementwise/other ops"] += s
+    return cats
+
+
+def profile(overrides: list[str], rounds: int = 2) -> dict[str, Any]:
+    import torch
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    world = build(overrides)
+    engine, state = world.engine, world.initial_state
+    spec = world.model.encoder.config
+    timers = instrument(world)
+    t0 = time.perf_counter()
+    state = engine.run_round(1, state).state  # warm-up (compilation, allocator, caches)
+    first = time.perf_counter() - t0
+    timers.t.clear()
+    walls = []
+    for r in range(2, 2 + rounds):
+        t0 = time.perf_counter()
+        state = engine.run_round(r, state).state
+        walls.append(time.perf_counter() - t0)
+    updates = rounds * WORK.clients
+    split = {k: v / updates for k, v in timers.t.items()}
+    wall = sum(walls) / updates
+    # training compute = the clients' time less their data loading and host preparation
+    compute = split.get("clients", 0.0) - split.get("data", 0.0) - split.get("prepare", 0.0)
+    with flops_counted() as counter:
+        engine.run_round(2 + rounds, state)
+    flops = counter.get_total_flops() / WORK.clients
+    with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+        t0 = time.perf_counter()
+        engine.run_round(3 + rounds, state)
+        prof_wall = time.perf_counter() - t0
+    cats = categorise(prof)
+    cats_total = sum(cats.values())
+    # the profiled round's client compute (profiling slows it): fractions of its wall time
+    ops_share = {k: v / prof_wall for k, v in cats.items()}
+    rows_enc = WORK.batch_size * 110
+    rates = matmul_rates(spec.d_model, world.model.decoder.config.hidden_size,
+                         spec.encoder_ffn_dim, rows_enc, WORK.batch_size * 80)
+    steps = WORK.local_steps
+    return {
+        "config": overrides, "dtype": str(world.placement.dtype).replace("torch.", ""),
+        "compiled": world.placement.compiled is not None,
+        "first_round_s": first, "round_s": statistics.median(walls),
+        "updates_per_s": 1.0 / wall,
+        "per_update_s": {"wall": wall, "data": split.get("data", 0.0),
+                         "prepare": split.get("prepare", 0.0), "compute": compute,
+                         "tail": split.get("tail", 0.0),
+                         "round (reduce, noise, server)": wall - split.get("clients", 0.0)
+                         - split.get("tail", 0.0)},
+        "compute_split": {**{k: v for k, v in ops_share.items()},
+                          "python + dispatch": max(0.0, 1.0 - cats_total / prof_wall)},
+        "flops_per_step": flops / steps, "step_s": compute / steps,
+        "achieved_gflops": flops / max(compute, 1e-9) / 1e9,
+        "matmul_gflops": rates,
+    }
+
+
+def print_profile(p: dict[str, Any]) -> None:
+    r = p["matmul_gflops"]
+    print(f"configuration: {' '.join(p['config']) or '(defaults)'} -> base {p['dtype']}, "
+          f"{'compiled' if p['compiled'] else 'eager'}")
+    print(f"core matmul rate at the model's shapes (1 thread): fp32 median "
+          f"{r['float32']['median']:.0f} GFLOP/s ({r['float32']['min']:.0f}-"
+          f"{r['float32']['max']:.0f}), bf16 median {r['bfloat16']['median']:.0f} "
+          f"({r['bfloat16']['min']:.0f}-{r['bfloat16']['max']:.0f})")
+    print(f"client step: {p['flops_per_step'] / 1e9:.2f} GFLOP in {p['step_s'] * 1e3:.1f} ms = "
+          f"{p['achieved_gflops']:.1f} GFLOP/s ({p['achieved_gflops'] / r['float32']['median']:.0%} "
+          f"of the fp32 median, {p['achieved_gflops'] / r['bfloat16']['median']:.0%} of bf16's)")
+    print(f"client updates/s {p['updates_per_s']:.2f}; round {p['round_s']:.2f} s (first round, "
+          f"compile included: {p['first_round_s']:.1f} s)")
+    print("time per client update:")
+    for k, v in p["per_update_s"].items():
+        print(f"  {k:32s} {v * 1e3:8.1f} ms  {v / p['per_update_s']['wall']:6.1%}")
+    print("training compute, by the profiler's self time (share of a profiled round):")
+    for k, v in p["compute_split"].items():
+        print(f"  {k:32s} {v:6.1%}")
+
+
+# --------------------------------------------------------------------------- side by side
+
+def _child(overrides: list[str], rounds: int) -> dict[str, Any]:
+    world = build(overrides)
+    engine, state = world.engine, world.initial_state
+    times = []
+    for r in range(1, rounds + 2):
+        t0 = time.perf_counter()
+        state = engine.run_round(r, state).state
+        times.append(time.perf_counter() - t0)
+    return {"first": times[0], "steady": statistics.median(times[1:]),
+            "dtype": str(world.placement.dtype), "compiled": world.placement.compiled is not None}
+
+
+def compare(reps: int, rounds: int, variants: dict[str, list[str]]) -> dict[str, Any]:
+    results: dict[str, list[dict]] = {name: [] for name in variants}
+    for rep in range(reps):  # interleaved: machine noise hits every variant alike
+        for name, over in variants.items():
+            cmd = [sys.executable, __file__, "_child", "--rounds", str(rounds), *over]
+            out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+            results[name].append(json.loads(out.strip().splitlines()[-1]))
+            print(f"rep {rep + 1}/{reps} {name}: {results[name][-1]}", file=sys.stderr, flush=True)
+    table = {}
+    for name, runs in results.items():
+        steady = statistics.median(r["steady"] for r in runs)
+        first = statistics.median(r["first"] for r in runs)
+        table[name] = {"updates_per_s": WORK.clients / steady, "round_s": steady,
+                       "first_round_s": first, "run12_s": first + 11 * steady,
+                       "dtype": runs[0]["dtype"], "compiled": runs[0]["compiled"]}
+    base = next(iter(table.values()))
+    print(f"{'configuration':28s} {'updates/s':>10s} {'x':>6s} {'first round s':>14s} "
+          f"{'12-round run s':>15s} {'x':>6s}")
+    for name, t in table.items():
+        print(f"{name:28s} {t['updates_per_s']:10.2f} {t['updates_per_s'] / base['updates_per_s']:6.2f} "
+              f"{t['first_round_s']:14.1f} {t['run12_s']:15.1f} {base['run12_s'] / t['run12_s']:6.2f}")
+    return table
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("mode", choices=["profile", "compare", "_child"])
+    parser.add_argument("overrides", nargs="*")
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--json-out", type=Path)
+    args = parser.parse_args()
+    prepare(WORK)
+    if args.mode == "_child":
+        print(json.dumps(_child(args.overrides, args.rounds)))
+        return
+    if args.mode == "profile":
+        result = profile(args.overrides, args.rounds)
+        print_profile(result)
+    else:
+        result = compare(args.reps, args.rounds, VARIANTS)
+    print(json.dumps({"step_profile": result}, default=str))
+    if args.json_out:
+        args.json_out.write_text(json.dumps(result, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()
