@@ -255,6 +255,9 @@ def _train(cfg: Config, comm: Any, folder: Path, log: Log, stop: StopFlag,
 
     main = comm.rank == 0
     oplog = OperatorLog(folder, main)  # exact facts: outside the run folder, unprotected
+    # what a resume trusts is verified before anything is built: the checkpoint (run id, round,
+    # zip CRC, state digest), then -- once the world is built -- the write-ahead ledger
+    ckpt = load_run_checkpoint(folder, rounds=cfg.fl.rounds)
     setup.set_threads(cfg, comm)
     t_start = time.perf_counter()
     world = setup.build_world(cfg, comm, log)
@@ -263,9 +266,6 @@ def _train(cfg: Config, comm: Any, folder: Path, log: Log, stop: StopFlag,
     state = world.initial_state
     rows: list[dict] = []
     start_round = 1
-    # what a resume trusts is verified first: the checkpoint (run id, round, CRC, digest), then
-    # the write-ahead ledger against it
-    ckpt = load_run_checkpoint(folder, rounds=cfg.fl.rounds)
     world.ledger.attach(folder, main)
     world.ledger.resume(ckpt)
     if ckpt is not None:  # checkpoints hold host tensors; the state lives on the model's device

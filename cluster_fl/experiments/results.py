@@ -81,6 +81,16 @@ class Run:
         return -1 if seed is None else int(seed)
 
     @property
+    def guarantee(self) -> str:
+        """The run's guarantee (``privacy.accounting.GUARANTEES``): valid, simulation, void or
+        none. Records written before research runs were told apart said ``valid`` for every run
+        with a guarantee; a research-mode one among them is a ``simulation``."""
+        g = str(self.final.get("guarantee") or ("none" if self.method == "fedavg" else "?"))
+        if g == "valid" and not self.setting("privacy", "secure_mode", False):
+            return "simulation"
+        return g
+
+    @property
     def wer(self) -> float:
         return float(self.final.get("wer", float("nan")))
 

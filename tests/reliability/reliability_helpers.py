@@ -77,8 +77,13 @@ def result(folder: Path) -> dict[str, Any]:
     final = rows("final.parquet")
     for r in final:  # the resolved config differs in run.out only
         r.pop("config_json", None)
+    import json
+
+    ledger = json.loads((folder / "privacy.json").read_text())  # T, ε, rounds started
+    privacy = {k: ledger[k] for k in ("rounds", "rounds_started", "epsilon", "guarantee")}
     return {"state": ckpt["state"], "checkpoint_round": ckpt["round"],
-            "rounds": rows("rounds.parquet"), "final": final, "eval": rows("eval.parquet")}
+            "rounds": rows("rounds.parquet"), "final": final, "eval": rows("eval.parquet"),
+            "privacy": privacy}
 
 
 def assert_identical(folder: Path, reference: dict[str, Any], ignore: tuple[str, ...] = ()
@@ -93,7 +98,7 @@ def assert_identical(folder: Path, reference: dict[str, Any], ignore: tuple[str,
                           for r in reference["final"]]
     assert [r["round"] for r in got["rounds"]] == list(range(1, ROUNDS + 1))  # each row once
     assert bitwise_differences(got["state"], reference["state"]) == []
-    for key in ("rounds", "final", "eval"):
+    for key in ("rounds", "final", "eval", "privacy"):
         assert bitwise_differences(got[key], reference[key]) == [], key
     assert status(folder)["state"] == "done"
     assert temp_files(folder) == []
