@@ -86,9 +86,10 @@ def result(folder: Path) -> dict[str, Any]:
             "privacy": privacy}
 
 
-def assert_identical(folder: Path, reference: dict[str, Any], ignore: tuple[str, ...] = ()
-                     ) -> None:
-    """``ignore``: final-row columns allowed to differ (``run_id`` when the corpus path does)."""
+def assert_identical(folder: Path, reference: dict[str, Any], ignore: tuple[str, ...] = (),
+                     rows_ignore: tuple[str, ...] = ()) -> None:
+    """``ignore``: final-row columns allowed to differ (``run_id`` when the corpus path does);
+    ``rows_ignore``: round-row columns allowed to differ."""
     from cluster_fl.dist import bitwise_differences
 
     got = result(folder)
@@ -96,6 +97,8 @@ def assert_identical(folder: Path, reference: dict[str, Any], ignore: tuple[str,
     got["final"] = [{k: v for k, v in r.items() if k not in ignore} for r in got["final"]]
     reference["final"] = [{k: v for k, v in r.items() if k not in ignore}
                           for r in reference["final"]]
+    for d in (got, reference):
+        d["rounds"] = [{k: v for k, v in r.items() if k not in rows_ignore} for r in d["rounds"]]
     assert [r["round"] for r in got["rounds"]] == list(range(1, ROUNDS + 1))  # each row once
     assert bitwise_differences(got["state"], reference["state"]) == []
     for key in ("rounds", "final", "eval", "privacy"):
