@@ -85,7 +85,9 @@ class Run:
         """The run's guarantee (``privacy.accounting.GUARANTEES``): valid, simulation, void or
         none. Records written before research runs were told apart said ``valid`` for every run
         with a guarantee; a research-mode one among them is a ``simulation``."""
-        g = str(self.final.get("guarantee") or ("none" if self.method == "fedavg" else "?"))
+        # the starting model and FedAvg release through no mechanism (round-0 uses no client)
+        fallback = "none" if self.method in ("fedavg", "round-0") else "?"
+        g = str(self.final.get("guarantee") or fallback)
         if g == "valid" and not self.setting("privacy", "secure_mode", False):
             return "simulation"
         return g
