@@ -550,6 +550,11 @@ class Config:
                f"got {self.fl.clients_per_step} with model.shard_group_size "
                f"{self.model.shard_group_size}; batched clients need unsharded lanes "
                "(model.shard_group_size: 1) -- use fl.clients_per_step: 1 with sharded lanes")
+        # secure mode promises that no rank sees another's partial sum: that needs the masks
+        _check(not (self.privacy.secure_mode and not self.aggregation.secure_sum),
+               "aggregation.secure_sum",
+               "privacy.secure_mode needs the masked secure sum (aggregation.secure_sum: true); "
+               "without it every rank's partial sum crosses the wire in the clear")
 
 
 SECTIONS: dict[str, type] = {

@@ -1,16 +1,31 @@
-"""Secure aggregation of the round: exact fixed-point sums hidden behind pairwise masks.
+"""Secure aggregation of the round: fixed-point sums hidden behind pairwise masks, noised before
+they are summed.
 
 Every rank encodes its clients' (clipped) contributions as int64 fixed point, ``round(x·2^f)``, into
-one running buffer (memory does not grow with clients). At the end of the round each rank adds
-pairwise masks that cancel in the sum modulo 2^64 -- rank i adds PRG(k_ij, round) for j > i and
-subtracts it for j < i -- and the ranks run ONE all-reduce of the int64 buffer. The integer sum is
-exact, hence independent of how clients are split over ranks and of their order: 1, 2 or 8 ranks
-give bit-identical decoded sums.
+one running buffer (memory does not grow with clients). Rank 0 -- the trusted aggregator's noise
+step -- also adds an *offset* (:meth:`SecureSummer.add_offset`: the Gaussian noise, encoded in the
+same fixed point) to its own contribution. At the end of the round each rank adds pairwise masks
+that cancel in the sum modulo 2^64 -- rank i adds PRG(k_ij, round) for j > i and subtracts it for
+j < i -- and the ranks run ONE all-reduce of the int64 buffer. The integer sum is exact, hence
+independent of how clients are split over ranks and of their order: 1, 2 or 8 ranks give
+bit-identical decoded sums, noise included.
 
-Threat model: honest-but-curious ranks (and anyone reading the wire) see only masked partial sums,
-which are uniform on Z_2^64 whatever the inputs; the released sum is what DP then protects. A rank
-that drops out fails the round (no dropout recovery). With two ranks, each can infer the other's
-partial from the total -- inherent to any two-party sum.
+Threat model (honest-but-curious ranks, anyone reading the wire):
+* what a rank receives from the all-reduce is the NOISED total: the clean sum of the clients'
+  contributions is never formed on any rank;
+* what a peer or the wire sees of a rank's buffer is masked: uniform on Z_2^64 whatever the inputs
+  (``research`` and ``secure`` modes; ``plain`` has no masks and is refused in secure mode by the
+  config);
+* rank 0 drew the noise, so rank 0 can subtract it (and its own partial): it is the trusted
+  aggregator of central DP, as in the design. Removing that trust needs distributed noise shares
+  (TFF's distributed discrete Gaussian: every rank adds a share of discrete noise to its masked
+  contribution), which this module does not implement;
+* with two ranks, rank 1 learns rank 0's partial plus the noise, not the partial alone.
+A rank that drops out fails the round (no dropout recovery).
+
+Ranges: a field's ``bound`` limits one contribution per coordinate, its ``offset_bound`` the
+offset rank 0 may add (the noise's tail, ``privacy.noise.TAIL_STDS`` standard deviations); the
+construction checks that ``max_clients`` contributions plus the offset cannot overflow int64.
 
 Modes: ``plain`` (no masks; exact fixed point only), ``research`` (pair keys derived from the run
 seed with keyed BLAKE2b, masks from NumPy's Philox counter-mode generator: reproducible, NOT secret
@@ -82,26 +97,33 @@ def decode(s: torch.Tensor, frac_bits: int) -> torch.Tensor:
     return s.to(torch.float64) * 2.0 ** -frac_bits
 
 
-def check_range(max_abs_per_client: float, max_clients: int, frac_bits: int) -> float:
+def check_range(max_abs_per_client: float, max_clients: int, frac_bits: int,
+                offset: float = 0.0) -> float:
     """Raise :class:`SecureSumRangeError` when ``max_clients`` contributions of absolute value up
-    to ``max_abs_per_client`` could overflow int64 with ``frac_bits`` fractional bits. Returns the
-    remaining headroom in bits (log2 of 2^63 over the worst-case sum)."""
+    to ``max_abs_per_client``, plus one offset of absolute value up to ``offset`` (rank 0's
+    noise), could overflow int64 with ``frac_bits`` fractional bits. Returns the remaining
+    headroom in bits (log2 of 2^63 over the worst-case sum)."""
     if not (max_abs_per_client >= 0 and math.isfinite(max_abs_per_client)):
         raise SecureSumRangeError(f"max_abs_per_client must be finite and >= 0, "
                                   f"got {max_abs_per_client!r}")
+    if not (offset >= 0 and math.isfinite(offset)):
+        raise SecureSumRangeError(f"offset must be finite and >= 0, got {offset!r}")
     if max_clients < 1 or not 0 <= frac_bits <= 62:
         raise SecureSumRangeError(f"need max_clients >= 1 and frac_bits in [0, 62], got "
                                   f"{max_clients} and {frac_bits}")
-    # each client adds at most bound·2^f, plus 0.5 from rounding
-    worst = max_clients * (max_abs_per_client * _SLACK * 2.0 ** frac_bits + 0.5)
+    # each client adds at most bound·2^f, plus 0.5 from rounding; the offset likewise, once
+    extra = offset * 2.0 ** frac_bits + 0.5 if offset > 0 else 0.0
+    worst = max_clients * (max_abs_per_client * _SLACK * 2.0 ** frac_bits + 0.5) + extra
     if worst >= _TWO63:
-        per = (_TWO63 / max_clients - 0.5) / max(max_abs_per_client * _SLACK, 1e-300)
+        per = ((_TWO63 - extra) / max_clients - 0.5) / max(max_abs_per_client * _SLACK
+                                                           + offset / max_clients, 1e-300)
         ok_bits = math.floor(math.log2(per)) if per >= 1 else None
         hint = (f"use aggregation.fixed_point_bits <= {ok_bits}" if ok_bits is not None
                 else "reduce the bound or the number of clients")
         raise SecureSumRangeError(
             f"fixed-point sum could overflow int64: {max_clients} clients x |x| <= "
-            f"{max_abs_per_client:g} x 2^{frac_bits} = {worst:.3g} >= 2^63; {hint}")
+            f"{max_abs_per_client:g}" + (f" + noise |z| <= {offset:g}" if offset else "")
+            + f" at 2^{frac_bits} = {worst:.3g} >= 2^63; {hint}")
     return math.log2(_TWO63 / worst) if worst > 0 else math.inf
 
 
@@ -115,6 +137,7 @@ class Field:
     numel: int
     frac_bits: int
     bound: float
+    offset_bound: float = 0.0
 
 
 class SecureSummer:
@@ -123,13 +146,16 @@ class SecureSummer:
     ``shapes`` names every field (update groups, adaptive statistics, counters); ``bounds`` gives
     the largest absolute value one contribution may have per coordinate (one number or per field:
     for clipped updates the clip norm C), checked on :meth:`add` and against ``max_clients`` with
-    :func:`check_range` at construction. ``integer_fields`` are encoded with 0 fractional bits
-    (counters). One buffer, one all-reduce per :meth:`reduce`.
+    :func:`check_range` at construction. ``offset_bounds`` (per field, default 0: none) limit the
+    offset one rank may add per reduction (:meth:`add_offset`: rank 0's noise).
+    ``integer_fields`` are encoded with 0 fractional bits (counters). One buffer, one all-reduce
+    per :meth:`reduce`.
     """
 
     def __init__(self, shapes: Mapping[str, int | Sequence[int]], *, frac_bits: int,
                  max_clients: int, bounds: float | Mapping[str, float], mode: str = "research",
                  seed: int = 0, integer_fields: Iterable[str] = (),
+                 offset_bounds: Mapping[str, float] | None = None,
                  device: torch.device | str = "cpu"):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -145,13 +171,16 @@ class SecureSummer:
             numel = math.prod(shape_t)
             bound = float(bounds if not isinstance(bounds, Mapping) else bounds[name])
             bits = 0 if name in ints else frac_bits
-            check_range(bound, max_clients, bits)
-            self.fields[name] = Field(name, shape_t, offset, numel, bits, bound)
+            noise = float((offset_bounds or {}).get(name, 0.0))
+            check_range(bound, max_clients, bits, offset=noise)
+            self.fields[name] = Field(name, shape_t, offset, numel, bits, bound, noise)
             offset += numel
         self.numel = offset
         # the buffer's tail counts contributions per field: the overflow guard after the sum
         # on the model's device: contributions are encoded where the updates live
         self._acc = torch.zeros(offset + len(self.fields), dtype=torch.int64, device=device)
+        # rank 0's offset (the noise), on the host where masks are added; never in partial()
+        self._offset: torch.Tensor | None = None
         self._index = {name: i for i, name in enumerate(self.fields)}
         self._pair_keys: dict[int, bytes] | None = None
         self._used: set[tuple[int, int]] = set()
@@ -183,9 +212,34 @@ class SecureSummer:
             self._acc[f.offset:f.offset + f.numel] += enc
             self._acc[self.numel + self._index[name]] += 1
 
+    def add_offset(self, values: Mapping[str, torch.Tensor]) -> None:
+        """Encode an offset (rank 0's noise; any subset of the fields) into this rank's
+        contribution to the next :meth:`reduce`: the all-reduce then returns the offset total to
+        every rank and no rank receives the sum without it. Each coordinate must lie within its
+        field's ``offset_bound``; an offset is not a client (it does not count towards
+        ``max_clients``) and may be added once per reduction."""
+        if self._offset is not None:
+            raise ValueError("an offset was already added for this reduction")
+        buf = torch.zeros(self.numel + len(self.fields), dtype=torch.int64)
+        for name, value in values.items():
+            f = self.fields.get(name)
+            if f is None:
+                raise KeyError(f"unknown secure-sum field {name!r}; known: {list(self.fields)}")
+            x = torch.as_tensor(value).detach().to("cpu", torch.float64).reshape(-1)
+            if x.numel() != f.numel:
+                raise ValueError(f"field {name!r}: expected {f.numel} values, got {x.numel()}")
+            if x.numel():
+                peak = float(torch.linalg.vector_norm(x, float("inf")))
+                if not peak <= f.offset_bound:  # NaN fails too
+                    raise SecureSumRangeError(f"field {name!r}: offset |x| = {peak:g} exceeds "
+                                              f"its offset bound {f.offset_bound:g}")
+            buf[f.offset:f.offset + f.numel] = _scale(x, f.frac_bits).to(torch.int64)
+        self._offset = buf
+
     def reset(self) -> None:
-        """Forget this rank's running sum (reduce does this itself)."""
+        """Forget this rank's running sum and offset (reduce does this itself)."""
         self._acc.zero_()
+        self._offset = None
 
     def partial(self) -> dict[str, torch.Tensor]:
         """This rank's unmasked running sum, decoded (what only this rank may know)."""
@@ -198,11 +252,11 @@ class SecureSummer:
     # ------------------------------------------------------------------ the masked all-reduce
     def reduce(self, comm: Comm, round: int, *, stream: int = 0,
                record: bool = False) -> dict[str, torch.Tensor]:
-        """Mask, all-reduce once, decode: the exact float64 sum over every rank's contributions,
-        identical on every rank. ``(round, stream)`` must not repeat (a repeat would reuse masks);
-        use ``stream`` for a second reduction in one round. ``record`` keeps what a peer sees in
-        :attr:`last_partial` = ``{"masked": int64 Tensor, "plain": {field: float64 Tensor}}``.
-        Resets the running sum. Collective: every rank must call it."""
+        """Mask, all-reduce once, decode: the exact float64 sum over every rank's contributions and
+        offsets, identical on every rank. ``(round, stream)`` must not repeat (a repeat would reuse
+        masks); use ``stream`` for a second reduction in one round. ``record`` keeps what a peer
+        sees in :attr:`last_partial` = ``{"masked": int64 Tensor, "plain": {field: float64
+        Tensor}}``. Resets the running sum. Collective: every rank must call it."""
         if not 0 <= round < 2 ** 63 or not 0 <= stream < 2 ** 32:
             raise ValueError(f"round must be in [0, 2^63) and stream in [0, 2^32), got "
                              f"{round}, {stream}")
@@ -213,7 +267,7 @@ class SecureSummer:
             self._pair_keys = _agree_pair_keys(comm)
         masked = self.masked_partial(comm.rank, comm.world_size, round, stream, record=record)
         comm.all_reduce_sum(masked, slow=True)  # waits for the slowest lane to finish training
-        self._acc.zero_()
+        self.reset()
         counts = masked[self.numel:]
         if counts.numel() and (bool((counts < 0).any()) or int(counts.max()) > self.max_clients):
             raise SecureSumRangeError(
@@ -224,12 +278,15 @@ class SecureSummer:
     def masked_partial(self, rank: int, world_size: int, round: int, stream: int = 0, *,
                        record: bool = False) -> torch.Tensor:
         """This rank's running sum as its peers and the wire see it: the int64 fixed-point buffer
-        (with its per-field counts) plus the pairwise masks of (round, stream), on the host.
+        (with its per-field counts) plus its offset and the pairwise masks of (round, stream), on
+        the host.
         ``record`` keeps it, with the unmasked partial, in :attr:`last_partial`. Secure mode
         needs the pair keys that :meth:`reduce` agrees over the communicator."""
         # masks are generated on the host (numpy Philox / ChaCha20); only the int64 sum crosses
         # to the communicator's device (TorchComm stages it for NCCL)
         masked = self._acc.to("cpu", copy=True)
+        if self._offset is not None:  # int64 adds wrap like the masks; the range check bounds it
+            masked += self._offset
         if self.mode != "plain" and world_size > 1:
             if self.mode == "secure" and self._pair_keys is None:
                 raise ValueError("secure mode: the pair keys are agreed by reduce() first")

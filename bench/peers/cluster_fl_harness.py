@@ -49,7 +49,7 @@ def _rank(comm: Any, cfg_dict: dict, rounds: int) -> dict:
         state = out.state
         comm.barrier()
         stamps.append(time.perf_counter())
-        cohorts.append(int(out.row.get("n_cohort", 0)))
+        cohorts.append(int(out.operator.get("cohort", 0)))  # exact: never in the released row
     return {"updates": counter[0] - warm, "stamps": stamps, "cohorts": cohorts,
             "rank": comm.rank}
 

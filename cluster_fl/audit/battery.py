@@ -291,8 +291,36 @@ def side_cells(rec: Recording, s: Settings) -> dict[str, dict]:
     out["adaptive_thresholds"] = not_measured(
         "per-round adaptive-clipping releases are cohort aggregates (noised when "
         "privacy.adaptive_private); no membership attack on them is implemented")
-    out["timing"] = not_measured("no per-client timing is recorded; wall_s per round is an "
-                                 "aggregate and no timing attack is implemented")
+    out.update(record_cells(rec.run_dir))
+    return out
+
+
+def record_cells(run_dir: Path) -> dict[str, dict]:
+    """The released record × {exact counts, timing} (:mod:`cluster_fl.audit.record`): a scan
+    of every released file, with a planted positive control (a cohort-size column, a
+    timestamped log line with a duration) that must fire and a clean record that must not."""
+    import tempfile
+
+    from cluster_fl.audit.record import RECORD_FILES, scan_record
+
+    if not any((Path(run_dir) / name).exists() for name in RECORD_FILES):
+        why = "no released record (rows, final row, log, status, ledger) in the folder"
+        return {"exact_counts": not_measured(why), "timing": not_measured(why)}
+    found = scan_record(run_dir)
+    with tempfile.TemporaryDirectory() as empty:
+        clean = scan_record(empty, rows=[{"round": 1, "denominator": 4.0, "loss": 0.71}],
+                            log_lines=["round 1/1: eps 1.2 (diagnostics off)"])
+        planted = scan_record(empty, rows=[{"round": 1, "denominator": 4.0, "n_cohort": 3,
+                                            "wall_s": 1.5}],
+                              log_lines=["[12:00:01] round 1/1: clients 3, eps 1.2, 1.5s"])
+    out = {}
+    for kind in ("exact_counts", "timing"):
+        pos, neg = bool(planted[kind]), not clean[kind]
+        verdict = "fail" if found[kind] else ("pass" if pos and neg else "underpowered")
+        out[kind] = {"status": "measured", "verdict": verdict, "findings": found[kind],
+                     "negative_control": {"dose": "clean record", "fired": not neg},
+                     "positive_control": {"dose": "planted", "fired": pos,
+                                          "findings": planted[kind]}}
     return out
 
 

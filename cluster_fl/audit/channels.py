@@ -35,8 +35,9 @@ CHANNELS: dict[str, tuple[str, str]] = {
     "partial_sums": ("a peer rank", "each rank's masked fixed-point partial sum"),
     "release": ("anyone", "the noised mean update applied after every round"),
     "side_stats": ("the server / anyone reading the run record",
-                   "per-client raw norms and sample counts; clip rates, adaptive thresholds, "
-                   "timing per round, the exact empty-round flag"),
+                   "per-client raw norms and sample counts; clip rates, adaptive thresholds; "
+                   "in the released folder: no exact count (realised cohort, empty rounds, "
+                   "skipped rows) and no timing may appear"),
 }
 
 # (channel, attack, gated) in report order; gated cells share the Bonferroni family.
@@ -55,6 +56,7 @@ BATTERY: list[tuple[str, str, bool]] = [
     ("side_stats", "speaker_probe/norms_counts", True),
     ("side_stats", "language_probe/norms_counts", True),
     ("side_stats", "adaptive_thresholds", False),
+    ("side_stats", "exact_counts", False),
     ("side_stats", "timing", False),
 ]
 

@@ -5,7 +5,9 @@
 (``cluster_fl.data.count_clients``), which is what a training run accounts with. With
 ``privacy.target_epsilon`` it also reports the σ that reaches it. The ledger is the one a run
 records (``privacy.accounting.ledger_for``): the update, the adaptive statistic and the noised
-diagnostics composed. JSON (DESIGN §10): {"accountant", "epsilon", "delta", "noise_multiplier",
+diagnostics composed, with the guarantee a run of the config records: ``valid`` (secure mode),
+``simulation`` (research mode: the mechanism's ε, but the run folder's seed regenerates the
+noise), ``void`` or ``none``. JSON (DESIGN §10): {"accountant", "epsilon", "delta", "noise_multiplier",
 "sampling_rate", "rounds", "events": [...]} plus extra keys.
 """
 
@@ -58,7 +60,8 @@ def account_report(cfg: Config) -> dict[str, Any]:
     out = {k: record[k] for k in ("accountant", "epsilon", "delta", "noise_multiplier",
                                   "sampling_rate", "rounds", "events")}
     out.update({"accountant_requested": p.accountant, "fallback": record["fallback"],
-                "guarantee": record["guarantee"], "void_reasons": record["void_reasons"],
+                "guarantee": record["guarantee"], "guarantee_note": record["guarantee_note"],
+                "void_reasons": record["void_reasons"],
                 "sampling": cfg.fl.sampling, "population": population,
                 "clients_per_round": cfg.fl.clients_per_round, "mechanism": p.mechanism,
                 "clipping": p.clipping, "adaptive_statistic": is_adaptive(p),
@@ -99,7 +102,8 @@ def format_account(r: dict[str, Any]) -> str:
              f"rounds         {r['rounds']}",
              f"noise σ        {_num(r['noise_multiplier'])}",
              f"delta          {r['delta']:g}",
-             f"epsilon        {_num(r['epsilon'])}   [guarantee: {r['guarantee']}]"]
+             f"epsilon        {_num(r['epsilon'])}   [guarantee: {r['guarantee']}]",
+             f"guarantee      {r['guarantee']}: {r['guarantee_note']}"]
     if r["statistic_noise_multiplier"] is not None:
         eff = r["events"][0]["effective_noise_multiplier"] if r["events"] else None
         lines.append(f"adaptive stat  z_s = {_num(r['statistic_noise_multiplier'])} composed "

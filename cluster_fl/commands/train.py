@@ -24,7 +24,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        with StopFlag(immediate=True):  # a signal while reading the config: nothing to save
+        # a signal while reading the config: nothing to save; once the run has stopped or
+        # failed, later stop signals are ignored (the exit code and status stand)
+        with StopFlag(immediate=True, ignore_after_stop=True):
             cfg = load_config(args.config, args.overrides)
             folder = run_training(cfg)  # records failures in status.json itself
     except (Preempted, Stopped):

@@ -7,13 +7,23 @@ saving: every draw derives from (seed, round, client). SIGTERM and SIGUSR2 (SLUR
 warning) set a flag; the round loop checkpoints at the next round boundary and exits. Outside the
 round loop (setup, the final evaluation) there is nothing to finish: the flag is *immediate* there
 and the handler raises :class:`Stopped` at once, since the last checkpoint already holds the state.
-A checkpoint that cannot be read (truncated, not ours) is a one-line error naming the file.
+Only the first stop signal acts: a second one while the first is being handled (a scheduler that
+sends SIGTERM twice) is noted and ignored, so it can neither interrupt the writing of the final
+status nor change the exit code.
+
+A resume trusts only what it verifies. A checkpoint carries the id of its run (the folder's
+name), its round and the SHA-256 of its trainable state; :func:`load_run_checkpoint` checks the
+zip's CRC of every member (``zipfile.testzip``: ``torch.load`` does not), the digest, the run id
+and the round before anything is used. A checkpoint that is unreadable, not ours, of another run,
+of a round the run cannot have, or damaged is a one-line error naming the file.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import signal
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -24,37 +34,79 @@ from cluster_fl.errors import UserError, short_reason
 
 CHECKPOINT_NAME = "state.pt"
 CHECKPOINT_KEYS = ("round", "state", "server", "policy", "ledger", "rows")
+VERIFY_KEYS = ("run_id", "state_sha256")  # what a resume checks the checkpoint against
+
+
+def state_digest(state: dict[str, Any]) -> str:
+    """SHA-256 of a trainable state: every tensor's name, dtype, shape and bytes, by name."""
+    import torch
+
+    h = hashlib.sha256()
+    for name in sorted(state):
+        t = state[name].detach().to("cpu").contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
 
 
 def save_run_checkpoint(folder: Path, state: dict[str, Any]) -> Path:
-    """Write ``state`` to ``folder/checkpoint/state.pt`` atomically (tmp + fsync + rename)."""
+    """Write ``state`` to ``folder/checkpoint/state.pt`` atomically (tmp + fsync + rename),
+    stamped with the run's id (the folder's name) and the digest of its trainable state."""
     import torch
 
+    stamped = dict(state, run_id=Path(folder).name, state_sha256=state_digest(state["state"]))
     buf = io.BytesIO()
-    torch.save(state, buf)
+    torch.save(stamped, buf)
     path = Path(folder) / "checkpoint" / CHECKPOINT_NAME
     atomic_write_bytes(path, buf.getvalue())
     return path
 
 
-def load_run_checkpoint(folder: Path) -> dict[str, Any] | None:
-    """The last checkpoint of the run in ``folder``, or None."""
+def load_run_checkpoint(folder: Path, rounds: int | None = None) -> dict[str, Any] | None:
+    """The last checkpoint of the run in ``folder``, verified (module docstring), or None.
+    ``rounds``: the run's ``fl.rounds``, which the checkpoint's round may not exceed."""
     import torch
 
     path = Path(folder) / "checkpoint" / CHECKPOINT_NAME
     if not path.is_file():
         return None
+    fix = f"restore it, or delete {path.parent} to restart the run from round 1"
     try:
+        with zipfile.ZipFile(path) as zf:
+            bad = zf.testzip()  # reads every member and checks its CRC-32
+        if bad is not None:
+            raise UserError(f"checkpoint {path} is damaged (member {bad} fails its CRC check); "
+                            f"{fix}")
         ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    except UserError:
+        raise
     except Exception as exc:  # truncated zip, foreign pickle, ...: never a traceback
         reason = short_reason(exc)
-        raise UserError(f"checkpoint {path} is unreadable ({reason}); restore it, or delete "
-                        f"{path.parent} to restart the run from round 1") from None
+        raise UserError(f"checkpoint {path} is unreadable ({reason}); {fix}") from None
     missing = [k for k in CHECKPOINT_KEYS if not isinstance(ckpt, dict) or k not in ckpt]
     if missing:
         raise UserError(f"checkpoint {path} is not a cluster-fl checkpoint (no "
-                        f"{', '.join(missing)}); restore it, or delete {path.parent} to restart "
-                        "the run from round 1")
+                        f"{', '.join(missing)}); {fix}")
+    unstamped = [k for k in VERIFY_KEYS if k not in ckpt]
+    if unstamped:
+        raise UserError(f"checkpoint {path} carries no {' or '.join(unstamped)} (written by an "
+                        f"older cluster-fl): it cannot be verified; {fix}")
+    if ckpt["run_id"] != Path(folder).name:
+        raise UserError(f"checkpoint {path} belongs to run {ckpt['run_id']!r}, not to "
+                        f"{Path(folder).name!r} (copied from another run folder?); {fix}")
+    r = ckpt["round"]
+    if not isinstance(r, int) or r < 1 or (rounds is not None and r > rounds) or \
+            any(row.get("round", 0) > r for row in ckpt["rows"]):
+        raise UserError(f"checkpoint {path} is of round {r!r}, which a run of {rounds} rounds "
+                        f"cannot have written; {fix}")
+    try:
+        digest = state_digest(ckpt["state"])
+    except Exception as exc:  # noqa: BLE001 - a state that is not tensors is damaged too
+        raise UserError(f"checkpoint {path} holds no trainable state ({short_reason(exc)}); "
+                        f"{fix}") from None
+    if digest != ckpt["state_sha256"]:
+        raise UserError(f"checkpoint {path} is damaged (its trainable state does not match its "
+                        f"SHA-256); {fix}")
     return ckpt
 
 
@@ -75,12 +127,19 @@ class StopFlag:
 
     SIGNALS = (signal.SIGTERM, signal.SIGUSR2)
 
-    def __init__(self, immediate: bool = False) -> None:
+    def __init__(self, immediate: bool = False, ignore_after_stop: bool = False) -> None:
         self.signum: int | None = None
+        self.repeats = 0  # stop signals after the first (ignored)
         self.immediate = immediate
+        # the process's outermost flag (the CLI): once the run has stopped, later signals of the
+        # same kind are moot; leaving them ignored keeps the exit code the run decided on
+        self.ignore_after_stop = ignore_after_stop
         self._previous: dict[int, Any] = {}
 
     def _handler(self, signum: int, _frame: Any) -> None:
+        if self.signum is not None:  # already stopping: a repeat must not interrupt the shutdown
+            self.repeats += 1
+            return
         self.signum = signum
         if self.immediate:
             raise Stopped(signum)
@@ -103,6 +162,9 @@ class StopFlag:
                 pass
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        # a signal here, or the run leaving by an exception (preempted, failed): the process is
+        # ending with an outcome already recorded
+        stopping = self.signum is not None or exc_type is not None
         for s, h in self._previous.items():
-            signal.signal(s, h)
+            signal.signal(s, signal.SIG_IGN if self.ignore_after_stop and stopping else h)

@@ -2,10 +2,14 @@
 record of skipped rows.
 
 ``rounds.parquet`` is rewritten atomically after every round (it is small), so a crash never
-loses a finished round; on resume the rows after the checkpointed round are dropped.
-``skipped.json`` counts, per client (and for the evaluation set), the corpus rows that could not
-be used (undecodable audio, no features), with each row's id and reason; a resumed run merges
-into it by utterance id, so a row is counted once however often its shard is read.
+loses a finished round; on resume the rows after the checkpointed round are dropped. A row and
+its log line hold public or noised values only: no realised cohort size, no exact count of
+clients, no wall time (those go to the operator log, :mod:`cluster_fl.engine.operator_log`).
+The skipped-rows record counts, per client (and for the evaluation set), the corpus rows that
+could not be used (undecodable audio, no features), with each row's id, shard and reason: exact
+facts about clients' data, so it lives beside the operator log
+(``.operator/<run_id>.skipped.json``), not in the run folder; a resumed run merges into it by
+utterance id, so a row is counted once however often its shard is read.
 """
 
 from __future__ import annotations
@@ -19,10 +23,11 @@ from typing import Any, Callable, Iterable, Mapping
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from cluster_fl.engine.operator_log import operator_path
 from cluster_fl.engine.rundir import atomic_write_bytes, write_json
 from cluster_fl.privacy.diagnostics import LOSS_SCALE
 
-SKIPPED_NAME = "skipped.json"
+SKIPPED_SUFFIX = ".skipped.json"  # beside the operator log: <experiment>/.operator/<run_id>...
 
 
 def write_rows(path: Path, rows: Iterable[Mapping[str, Any]]) -> None:
@@ -48,34 +53,45 @@ def _clean(v: Any) -> Any:
 
 
 def progress_line(r: int, rounds: int, row: Mapping[str, Any]) -> str:
-    """The log line of round ``r``. Exact diagnostics are shown as they are. Noised ones are
-    estimates with a known noise std (``diag_noise_std`` per rate): a figure is shown clamped to
-    its range with its ±, or, when the ± spans half its range or more, only its ± (too noisy to
-    mean anything at this cohort size). With ``privacy.diagnostics: off`` there are none."""
+    """The log line of round ``r``, built from the released row only. Exact diagnostics (a void
+    or non-private run) are shown as they are. Noised ones are estimates with a known noise std
+    (``diag_noise_std`` per mean; times the public ``denominator`` for a count): a figure is
+    shown clamped to its range with its ±, or, when the ± spans half its range or more, only its
+    ± (too noisy to mean anything at this cohort size); the client count is the noised
+    ``n_clients``. With ``privacy.diagnostics: off`` there are none, and no count is shown.
+    No wall time: a round's duration is an exact side channel (operator log)."""
     eps = row.get("epsilon")
     eps_s = "inf" if eps is None or not math.isfinite(eps) else f"{eps:.3g}"
-    tail = f"eps {eps_s}, {row.get('wall_s', 0):.1f}s"
+    tail = f"eps {eps_s}"
     mode = row.get("diagnostics")
+    denom = float(row.get("denominator") or 0.0)
     if mode == "off":
-        return f"round {r}/{rounds}: clients {row.get('n_cohort')}, {tail} (diagnostics off)"
+        return f"round {r}/{rounds}: {tail} (diagnostics off)"
     if mode != "noised":
         return (f"round {r}/{rounds}: loss {row.get('loss', float('nan')):.3f}, "
-                f"clients {row.get('n_cohort')}, clip rate {row.get('clip_rate', 0):.2f}, {tail}")
+                f"clients {_count(row.get('n_clients'))}, clip rate "
+                f"{row.get('clip_rate', 0):.2f}, {tail}")
     std = float(row.get("diag_noise_std") or 0.0)
     shown, hidden = [], []
     for name, value, noise, top in (("loss", row.get("loss"), std * LOSS_SCALE, LOSS_SCALE),
+                                    ("clients", row.get("n_clients"), std * denom, denom),
                                     ("clip rate", row.get("clip_rate"), std, 1.0)):
         if value is None or not math.isfinite(value) or noise >= top / 2:
             hidden.append(f"{name} ± {noise:.2g}")
+        elif name == "clients":
+            shown.append(f"clients {max(value, 0.0):.0f} ± {noise:.2g}")
         else:
             shown.append(f"{name} {min(max(value, 0.0), top):.2f} ± {noise:.2f}")
-    line = f"round {r}/{rounds}: " + ", ".join(shown[:1] + [f"clients {row.get('n_cohort')}"]
-                                               + shown[1:] + [tail])
+    line = f"round {r}/{rounds}: " + ", ".join(shown + [tail])
     if shown:
         line += " (noised diagnostics)"
     if hidden:
         line += f"; noised {', '.join(hidden)}: too noisy to show"
     return line
+
+
+def _count(value: Any) -> str:
+    return "?" if value is None else f"{float(value):.0f}"
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
@@ -87,16 +103,18 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
 
 
 class SkippedRows:
-    """The run's unusable corpus rows, gathered from every rank, written by rank 0.
+    """The run's unusable corpus rows, gathered from every rank, written by rank 0 beside the
+    operator log (exact per-client counts: unprotected, never in the run folder).
 
     ``errors`` is the feature store's list of ``{utterance_id, shard, reason}`` (it grows while
     clients train and the evaluation loads its shards); ``owner`` maps an utterance id to the
-    client id that holds it (evaluation rows count under ``"eval"``).
+    client id that holds it (evaluation rows count under ``"eval"``); ``log`` is the operator
+    log's line writer.
     """
 
     def __init__(self, folder: Path, errors: list[dict], owner: Mapping[str, str], main: bool,
                  log: Callable[[str], None]):
-        self.path = Path(folder) / SKIPPED_NAME
+        self.path = operator_path(folder, SKIPPED_SUFFIX)
         self.errors, self.owner, self.main, self.log = errors, dict(owner), main, log
         self.seen = 0  # entries of ``errors`` already handed on
         self.rows: dict[str, dict] = {}

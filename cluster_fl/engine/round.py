@@ -1,12 +1,22 @@
-"""One federated round, distributed: cohort → local training → clip → secure sum → noise once → apply.
+"""One federated round, distributed: cohort → local training → clip → noise once → secure sum → apply.
 
 Every rank runs :meth:`RoundEngine.run_round` with the same global state. A rank trains its shard
 of the cohort block by block (``fl.clients_per_step`` clients a block, one batched step for them
 all), clips each client's update with the run's policy and adds it to a streaming fixed-point sum
-(memory does not grow with the cohort). One secure-sum all-reduce
-releases the exact sum of the clipped updates, of the adaptive-clipping statistics and of the
-diagnostic vectors; rank 0 alone draws the Gaussian noise and broadcasts the noised values, which
-every rank then applies identically. Privacy code never sees ranks; this file never clips.
+(memory does not grow with the cohort). Rank 0 alone draws the Gaussian noise -- for the update,
+the adaptive-clipping statistic and the diagnostic vector -- and adds it, encoded in the same
+fixed point, to its own contribution; then ONE secure-sum all-reduce hands every rank the noised
+totals, which every rank applies identically. No rank receives the clean sum (rank 0, the noise
+step, is the trusted aggregator: see :mod:`cluster_fl.secure_sum`). Privacy code never sees
+ranks; this file never clips.
+
+What a round releases (its metrics row) is public (round, denominator, thresholds) or noised
+(the diagnostics); the exact facts of the round -- the realised cohort size, how many of this
+rank's clients trained, had non-finite updates or no usable audio, the wall time -- are handed
+back apart (:attr:`RoundOutput.operator`) for the operator log outside the run folder. Secure
+mode samples the cohort from a ChaCha20 stream under a key rank 0 draws at start
+(:mod:`cluster_fl.privacy.csprng`); research mode from (seed, round), and its noise streams are
+scoped by the run's id, so grid cells that share a seed never share noise.
 """
 
 from __future__ import annotations
@@ -24,11 +34,13 @@ from cluster_fl.dist.parallelize import LaneLayout
 from cluster_fl.engine import cohort as cohort_mod
 from cluster_fl.engine.client import ClientRunner, ClientUpdate, HeapTrimmer
 from cluster_fl.engine.recorder import ChannelRecorder
+from cluster_fl.engine.rundir import run_id
 from cluster_fl.engine.server import ServerOptimizer
 from cluster_fl.groups import GroupSpec
 from cluster_fl.privacy.clipping import ClipPolicy
+from cluster_fl.privacy.csprng import new_key, sample_cohort_secure
 from cluster_fl.privacy.diagnostics import Diagnostics
-from cluster_fl.privacy.noise import NoiseSource
+from cluster_fl.privacy.noise import TAIL_STDS, NoiseSource
 from cluster_fl.secure_sum import SecureSummer, mask_mode
 
 # largest coordinate of an unclipped (non-private) update the fixed-point sum accepts
@@ -57,10 +69,14 @@ class ClientData:
 
 @dataclass
 class RoundOutput:
-    """What a round hands back: the new global state and its metrics row."""
+    """What a round hands back: the new global state, its metrics row (released: public or
+    noised values only) and ``operator``, the round's exact facts for the operator log, never
+    for the run folder: ``cohort`` (realised cohort size), ``trained``, ``nonfinite``,
+    ``skipped`` (this rank's lane's clients), ``lanes`` and ``wall_s``."""
 
     state: dict[str, torch.Tensor]
     row: dict[str, Any] = field(default_factory=dict)
+    operator: dict[str, Any] = field(default_factory=dict)
 
 
 class RoundEngine:
@@ -82,14 +98,27 @@ class RoundEngine:
         self.policy = policy
         self.noise = noise
         self.private = cfg.privacy.mechanism == "gaussian"
+        if self.private:  # the encoded update, not only the float one, must have norm <= C
+            policy.reserve_encoding(cfg.aggregation.fixed_point_bits)
         self.diag = Diagnostics(self.groups, policy, cfg.privacy)
+        # research noise streams are scoped by the run's identity (its config, seed included)
+        self.noise_scope = run_id(cfg)
+        # secure mode: cohorts from a CSPRNG key rank 0 draws and every rank shares (never kept)
+        self._cohort_key = self._shared_key() if cfg.privacy.secure_mode else None
+        self._local: dict[str, int] = {}  # this round's exact counts on this rank (operator)
         self.summer = self._make_summer()  # streaming fixed-point sum; reset by every reduce
         self.server = server
         self.recorder = recorder
         self.trimmer = HeapTrimmer()  # trims the heap only when the resident set has grown
 
+    def _shared_key(self) -> bytes:
+        """A 256-bit key from rank 0's OS CSPRNG, handed to every rank (collective)."""
+        key = new_key() if self.comm.rank == 0 else None
+        return self.comm.broadcast_object(key) if self.comm.world_size > 1 else key
+
     def _make_summer(self) -> SecureSummer:
-        """One buffer for the update groups, the adaptive statistic, diagnostics and weights."""
+        """One buffer for the update groups, the adaptive statistic, diagnostics and weights;
+        each noised field reserves room for the noise's tail (rank 0 adds it to the sum)."""
         cfg = self.cfg
         c = cfg.privacy.clip_norm if self.private else NONPRIVATE_BOUND
         shapes: dict[str, Any] = {g.name: (g.shape or (g.numel,)) for g in self.groups}
@@ -97,13 +126,16 @@ class RoundEngine:
         stat = self.policy.statistic_size if self.private else 0
         if stat:
             shapes["stat"], bounds["stat"] = stat, self._stat_bound()
-        shapes["diag"], bounds["diag"] = self.diag.size, self.diag.bound
+        if self.diag.size:  # ``off`` sums nothing: no statistic of the clients leaves the round
+            shapes["diag"], bounds["diag"] = self.diag.size, self.diag.bound
         if not self.private:  # FedAvg divides by the realised weight; DP by the public n
             shapes["weight"], bounds["weight"] = 1, 1.0
+        stds = self._noise_stds(shapes)
         mode = mask_mode(cfg.aggregation.secure_sum, cfg.privacy.secure_mode)
         return SecureSummer(shapes, frac_bits=cfg.aggregation.fixed_point_bits,
                             max_clients=max(1, len(self.clients)), bounds=bounds, mode=mode,
-                            seed=cfg.run.seed, device=self.device)
+                            seed=cfg.run.seed, device=self.device,
+                            offset_bounds={n: TAIL_STDS * sd for n, sd in stds.items() if sd > 0})
 
     def _stat_bound(self) -> float:
         """Largest |entry| of one client's adaptive statistic in the fixed-point sum. The
@@ -121,8 +153,12 @@ class RoundEngine:
         ``fl.clients_per_step`` clients trained together, and blocks, not ranks or clients, are
         balanced over lanes."""
         fl = self.cfg.fl
-        members = cohort_mod.sample_cohort(self.cfg.run.seed, round_, self.population,
+        if self._cohort_key is not None:  # secure mode: a CSPRNG, not the (drawn) seed
+            members = sample_cohort_secure(self._cohort_key, round_, self.population,
                                            fl.clients_per_round, fl.sampling)
+        else:
+            members = cohort_mod.sample_cohort(self.cfg.run.seed, round_, self.population,
+                                               fl.clients_per_round, fl.sampling)
         sizes = [c.size for c in self.clients]
         blocks = cohort_mod.blocks(members, sizes, fl.clients_per_step)
         return members, cohort_mod.shard_blocks(blocks, sizes, self.layout.lanes)[self.layout.lane]
@@ -141,30 +177,33 @@ class RoundEngine:
             thresholds.update(self.policy.pool_thresholds())
         summer = self.summer
         stat_size = self.policy.statistic_size if self.private else 0
+        self._local = {"trained": 0, "nonfinite": 0, "skipped": 0}
         # a lane's members train each client together; its leader speaks for the lane
         contribute = summer.add if self.layout.leader else (lambda values: None)
         for block in mine:
             loaded = [(index, self.clients[index].load()) for index in block]
             for index, items in loaded:
                 if not items:  # no usable audio (none, or every row corrupt): skipped, counted
-                    contribute({"diag": self.diag.skipped()})
+                    self._local["skipped"] += 1
+                    if self.diag.size:
+                        contribute({"diag": self.diag.skipped()})
             usable = [(index, items) for index, items in loaded if items]
             for upd in (self.runner.train_cohort(usable, state, round_) if usable else ()):
                 self._contribute(round_, upd, contribute)
                 del upd
                 self.trimmer.after_client()
             del loaded, usable
+        if self.comm.rank == 0:  # the noise step, BEFORE the sum: no rank gets the clean total
+            self._add_noise(round_, summer)
         record = self.recorder is not None
-        total = summer.reduce(self.comm, round_, record=record)
-        empty = self._empty(total["diag"])
+        noised = summer.reduce(self.comm, round_, record=record)
         if record:
             self.recorder.partial(round_, self.comm.rank, summer)
 
         denom = cohort_mod.denominator(self.cfg.fl.clients_per_round, self.population,
                                        self.cfg.fl.sampling)
-        noised = self._noise_once(round_, total)
         if not self.private:  # plain FedAvg: average over the clients that contributed
-            denom = max(float(total["weight"].item()), 1e-12)
+            denom = max(float(noised["weight"].item()), 1e-12)
         mean = {g.name: noised[g.name] / denom for g in self.groups}
         new_state = self.server.step(state, mean)
         if stat_size:
@@ -172,63 +211,54 @@ class RoundEngine:
         if self.recorder is not None:
             std = self.cfg.privacy.noise_multiplier * self.cfg.privacy.clip_norm if self.private else 0.0
             self.recorder.release(round_, mean, denom, std)
-        row = self.diag.row(noised["diag"], thresholds, len(members))
-        row.update(round=round_, n_cohort=len(members), denominator=denom, empty=int(empty),
-                   wall_s=time.perf_counter() - t0)
-        return RoundOutput(state=new_state, row=row)
+        row = self.diag.row(noised.get("diag"), thresholds, denom)
+        row.update(round=round_, denominator=denom)
+        operator = dict(self._local, cohort=len(members), lanes=self.layout.lanes,
+                        wall_s=time.perf_counter() - t0)
+        return RoundOutput(state=new_state, row=row, operator=operator)
 
     def _contribute(self, round_: int, upd: ClientUpdate, contribute) -> None:
         """Clip one client's update (DP) and add it, its statistic and diagnostics to the sum."""
         client = self.clients[upd.client]
         res = (self.policy.clip(upd.delta) if self.private
                else self.diag.measure(upd.delta, NONPRIVATE_BOUND))
+        self._local["trained"] += 1
+        self._local["nonfinite"] += int(bool(res.nonfinite))
         w = 0.0 if res.nonfinite else self._weight(upd.n_samples)
         values = {k: (v * w if w != 1.0 else v) for k, v in res.update.items()}
         if self.private and self.policy.statistic_size:
             b = self._stat_bound()
             values["stat"] = self.policy.statistic(res).to(torch.float64).clamp(-b, b)
-        values["diag"] = self.diag.client_vector(res, upd.loss)
+        if self.diag.size:
+            values["diag"] = self.diag.client_vector(res, upd.loss)
         if not self.private:
             values["weight"] = torch.tensor([w], dtype=torch.float64)
         contribute(values)
         if self.recorder is not None and self.layout.leader:
             self.recorder.upload(round_, client, res, upd)
 
-    def _empty(self, diag: torch.Tensor) -> bool:
-        """True when no client's update entered the sum (none sampled, every one non-finite or
-        without usable audio). Read from the exact secure sum, before noise: a one-bit flag per
-        round, declared by the audit as a side statistic like the per-round wall time."""
-        names = self.diag.names
-        contributed = float(diag[names.index("trained")]) - float(diag[names.index("nonfinite")])
-        return contributed < 0.5
-
-    def _noise_stds(self, total: Mapping[str, torch.Tensor]) -> dict[str, float]:
+    def _noise_stds(self, fields: Mapping[str, Any]) -> dict[str, float]:
         """Std of the Gaussian noise each summed field gets (0 = released exactly)."""
         p = self.cfg.privacy
-        stds = {name: 0.0 for name in total}
+        stds = {name: 0.0 for name in fields}
         if self.private:
             for g in self.groups:
                 stds[g.name] = p.noise_multiplier * p.clip_norm
-            if "stat" in total:
+            if "stat" in fields:
                 stds["stat"] = self.policy.statistic_noise_std
-        stds["diag"] = self.diag.noise_std
+        if "diag" in fields:
+            stds["diag"] = self.diag.noise_std
         return stds
 
-    def _noise_once(self, round_: int, total: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Rank 0 adds the Gaussian noise to the exact sums; every rank receives the result."""
-        names = list(total)
-        if self.comm.rank == 0:
-            stds = self._noise_stds(total)
-            noised = [self.noise.add_noise(total[n].to(torch.float64), stds[n], round=round_,
-                                           stream=f"{n}").to(torch.float64)
-                      if stds[n] > 0 else total[n].to(torch.float64) for n in names]
-            flat = torch.cat([t.reshape(-1) for t in noised])
-        else:
-            flat = torch.empty(sum(total[n].numel() for n in names), dtype=torch.float64)
-        flat = self.comm.broadcast(flat.contiguous(), src=0)
-        out, offset = {}, 0
-        for n in names:
-            k = total[n].numel()
-            out[n] = flat[offset:offset + k].reshape(total[n].shape)
-            offset += k
-        return out
+    def _add_noise(self, round_: int, summer: SecureSummer) -> None:
+        """Rank 0: draw the noise of every noised field once and add it, in fixed point, to
+        this rank's contribution to the secure sum (research streams scoped by the run id)."""
+        noise = {}
+        for name, sd in self._noise_stds(summer.fields).items():
+            if sd > 0:
+                f = summer.fields[name]
+                noise[name] = self.noise.gaussian(f.shape, sd, round=round_,
+                                                  stream=f"{self.noise_scope}/{name}",
+                                                  dtype=torch.float64)
+        if noise:
+            summer.add_offset(noise)

@@ -1,10 +1,12 @@
 """The run folder: where a run lives, who writes it, how its files are written, what state it is in.
 
 ``<run.out>/<run.experiment>/<run_id>/`` holds config.yaml, status.json, rounds.parquet,
-final.parquet, eval.parquet, privacy.json, groups.json, skipped.json, checkpoint/, log.txt and
-run.lock. Every file is written to a temporary name and renamed, so a crash never leaves a
-half-written file; the temporary files a killed writer leaves are removed by the next writer
-(:func:`clean_temp_files`). A run whose status is ``done`` is never rewritten.
+final.parquet, eval.parquet, privacy.json (the privacy ledger, written ahead of every round's
+noise), groups.json, checkpoint/, log.txt and run.lock; the exact operational facts of a run live
+outside it, in ``<run.experiment>/.operator/`` (:mod:`cluster_fl.engine.operator_log`). Every file
+is written to a temporary name and renamed, so a crash never leaves a half-written file; the
+temporary files a killed writer leaves are removed by the next writer (:func:`clean_temp_files`). A
+run whose status is ``done`` is never rewritten.
 
 One writer per folder: rank 0 holds an exclusive ``flock`` on ``run.lock`` for the run's life
 (:class:`RunLock`; the file names the holder's host and pid). The kernel drops the lock when the
@@ -96,9 +98,10 @@ def make_folder(folder: Path, key: str = "run.out") -> None:
         raise UserError(f"{key}: cannot create folder {folder}: {exc.strerror or exc}") from None
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a temporary file + fsync + rename. On failure the
-    temporary file is removed and a :class:`WriteError` names ``path``."""
+def atomic_write_bytes(path: Path, data: bytes, *, durable: bool = False) -> None:
+    """Write ``data`` to ``path`` via a temporary file + fsync + rename. ``durable`` also fsyncs
+    the folder, so the rename itself survives a power cut (the write-ahead privacy ledger). On
+    failure the temporary file is removed and a :class:`WriteError` names ``path``."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
@@ -108,6 +111,12 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
+        if durable:
+            fd = os.open(path.parent, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
     except OSError as exc:
         _unlink(tmp)
         raise WriteError(path, exc) from None
@@ -150,8 +159,12 @@ def atomic_write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode())
 
 
-def write_json(path: Path, obj: Any) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False, default=_jsonable) + "\n")
+def write_json(path: Path, obj: Any, *, durable: bool = False) -> None:
+    text = json.dumps(obj, indent=2, sort_keys=False, default=_jsonable) + "\n"
+    if durable:
+        atomic_write_bytes(Path(path), text.encode(), durable=True)
+    else:
+        atomic_write_text(path, text)
 
 
 def _jsonable(x: Any) -> Any:

@@ -9,8 +9,17 @@ left untouched.
 
 How a run ends, whatever happens: ``done`` (exit 0); a stop signal (SIGTERM, SIGUSR2) at any
 point -- setup, a round, the final evaluation -- leaves the last checkpoint, status ``preempted``
-and exit 75; a problem the user can fix (a config key, an unreadable file, a full disk, no client
-ever contributing) is one line naming the file or key, status ``failed`` with that line, exit 2.
+and exit 75 (a second signal while stopping changes neither); a problem the user can fix (a config
+key, an unreadable or foreign file in the run folder, a checkpoint that fails its verification, a
+full disk, no client ever contributing to a run whose diagnostics are released exactly) is one
+line naming the file or key, status ``failed`` with that line, exit 2.
+
+What the run folder releases (DESIGN §13): public or noised values only. The privacy ledger
+(``privacy.json``) is charged and written durably before each round's noise is drawn
+(:mod:`cluster_fl.engine.ledger`); the exact facts of each round (realised cohort, clients
+trained / non-finite / without audio, wall time, time of day) and the unusable corpus rows go
+to the operator log outside the folder (:mod:`cluster_fl.engine.operator_log`); log.txt holds
+the released lines without times.
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ from typing import Any
 # handlers are installed, so that a SIGTERM during start-up is a clean stop too (exit 75).
 from cluster_fl.config import Config, build_config, to_dict, yaml_load
 from cluster_fl.engine.checkpoint import StopFlag, Stopped, load_run_checkpoint, save_run_checkpoint
+from cluster_fl.engine.operator_log import OperatorLog
 from cluster_fl.engine.rundir import (RESUME_TOLERATED, RunLock, append_text, clean_temp_files,
                                       git_commit, is_done, make_folder, read_status, run_dir,
                                       write_config, write_json, write_status)
@@ -40,7 +50,8 @@ _ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG, err
 
 
 class Log:
-    """Rank-0 progress: one line per event to stderr and to the run's log.txt."""
+    """Rank-0 progress: one line per event to stderr (with the time of day) and to the run's
+    log.txt (without: times are a side channel of the clients' work, kept for the operator)."""
 
     def __init__(self, folder: Path | None, enabled: bool):
         self.path = folder / "log.txt" if folder is not None else None
@@ -49,11 +60,10 @@ class Log:
     def __call__(self, msg: str, echo: bool = True) -> None:
         if not self.enabled:
             return
-        line = f"[{time.strftime('%H:%M:%S')}] {msg}"
         if echo:
-            print(line, file=sys.stderr, flush=True)
+            print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
         if self.path is not None:
-            append_text(self.path, line + "\n")
+            append_text(self.path, msg + "\n")
 
 
 def _check_existing(folder: Path, cfg: Config) -> None:
@@ -161,6 +171,8 @@ def _open_run(cfg: Config, comm: Any, folder: Path
                     write_config(folder, cfg)
         except UserError as exc:
             outcome, error = "error", exc
+            if lock is not None:  # ours to record: the folder must not stay "running"
+                _fail_status(folder, cfg, str(exc))
         except BaseException:  # a stop signal while taking the folder
             if lock is not None:
                 lock.release()
@@ -193,6 +205,18 @@ def _working_config(cfg: Config, comm: Any, folder: Path) -> Config:
         seed = comm.broadcast_object(seed)
     return dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, seed=seed,
                                                             run_id=folder.name))
+
+
+def _fail_status(folder: Path, cfg: Config, reason: str) -> None:
+    """status.json says ``failed`` with ``reason`` (best effort; a done run is left alone)."""
+    status = read_status(folder) or {}
+    if status.get("state") == "done":
+        return
+    try:
+        write_status(folder, "failed", int(status.get("round") or 0), cfg.fl.rounds,
+                     error=reason)
+    except (UserError, OSError):
+        pass
 
 
 def _record_end(folder: Path, cfg: Config, exc: BaseException, stopped: bool,
@@ -230,34 +254,42 @@ def _train(cfg: Config, comm: Any, folder: Path, log: Log, stop: StopFlag,
     from cluster_fl.engine.metrics import SkippedRows, progress_line, write_rows
 
     main = comm.rank == 0
+    oplog = OperatorLog(folder, main)  # exact facts: outside the run folder, unprotected
+    # what a resume trusts is verified before anything is built: the checkpoint (run id, round,
+    # zip CRC, state digest), then -- once the world is built -- the write-ahead ledger
+    ckpt = load_run_checkpoint(folder, rounds=cfg.fl.rounds)
     setup.set_threads(cfg, comm)
     t_start = time.perf_counter()
     world = setup.build_world(cfg, comm, log)
     skipped = SkippedRows(folder, world.evaluation.store.errors, _owners(world.engine.clients),
-                          main, log)
+                          main, lambda msg: oplog("skipped", message=msg))
     state = world.initial_state
     rows: list[dict] = []
     start_round = 1
-    ckpt = load_run_checkpoint(folder)
+    world.ledger.attach(folder, main)
+    world.ledger.resume(ckpt)
     if ckpt is not None:  # checkpoints hold host tensors; the state lives on the model's device
         state = {k: v.to(world.placement.device) for k, v in ckpt["state"].items()}
         world.server.load_state_dict(ckpt["server"])
         world.policy_load(ckpt["policy"])
-        world.ledger.load_state_dict(ckpt["ledger"])
         rows = [r for r in ckpt["rows"] if r["round"] <= ckpt["round"]]
         start_round = ckpt["round"] + 1
         progress["checkpoint_round"] = ckpt["round"]
         log(f"resumed from round {ckpt['round']}")
+    if world.ledger.started >= start_round:
+        oplog("resume", checkpoint_round=start_round - 1, rounds_started=world.ledger.started,
+              charged=world.ledger.rounds, secure=world.ledger.secure)
     rounds = cfg.fl.rounds
     if main:
         write_status(folder, "running", start_round - 1, rounds)
         write_json(folder / "groups.json", world.groups_json())
     skipped.collect(comm)
     stop.set_immediate(False)  # from here a signal stops at the end of the round
+    quiet = 0  # rounds in which none of rank 0's lane's clients contributed (operator only)
     for r in range(start_round, rounds + 1):
+        world.ledger.charge(r)  # durable BEFORE the round's noise is drawn (write-ahead)
         out = world.engine.run_round(r, state)
         state = out.state
-        world.ledger.step_round()
         out.row["epsilon"] = world.ledger.epsilon()
         if cfg.eval.every and r % cfg.eval.every == 0 and r < rounds:
             summary, _ = world.evaluate(state)  # every rank decodes its slice
@@ -265,11 +297,14 @@ def _train(cfg: Config, comm: Any, folder: Path, log: Log, stop: StopFlag,
                 out.row.update({k: v for k, v in summary.items() if k.startswith("wer")})
         rows.append(out.row)
         log(progress_line(r, rounds, out.row))
-        if out.row.get("empty"):
-            log(f"warning: round {r}: no client contributed ("
-                + ("Poisson sampling drew no client" if not out.row.get("n_cohort") else
-                   f"all {out.row['n_cohort']} sampled clients had non-finite updates or no "
-                   "usable audio") + "); the update was noise only")
+        oplog("round", round=r, **out.operator)
+        facts = out.operator
+        if facts.get("trained", 0) - facts.get("nonfinite", 0) < 1:
+            quiet += 1
+            where = "" if facts.get("lanes", 1) == 1 else " on rank 0's lane"
+            oplog.warn(f"round {r}: no client contributed{where} (cohort {facts.get('cohort')}, "
+                       f"{facts.get('nonfinite')} non-finite, {facts.get('skipped')} without "
+                       "usable audio); the update was noise only")
         skipped.collect(comm)
         stop_now = _agree(comm, stop.set)
         if main:
@@ -288,27 +323,45 @@ def _train(cfg: Config, comm: Any, folder: Path, log: Log, stop: StopFlag,
                 write_status(folder, "preempted", r, rounds)
             log(f"stopped by signal after round {r}; checkpoint saved, resubmit to resume")
             raise Preempted(folder)
-    empty = sum(int(bool(r.get("empty"))) for r in rows)
-    if rows and empty == len(rows):
-        raise UserError(f"no client contributed in any of the {len(rows)} rounds (every update "
-                        "non-finite or without usable audio): the model learned nothing; e.g. "
-                        "lower fl.lr or the client.lr_*_mult keys, or check data.corpus")
+    _check_contributions(rows, quiet, rounds - start_round + 1, oplog,
+                         world.engine.layout.lanes)
     stop.set_immediate(True)  # the final evaluation: a signal stops it at once
     summary, eval_rows = world.evaluate(state)  # sharded over lanes; rank 0 gets the rows
     stop.set_immediate(False)  # the last writes take a moment: let them finish
     skipped.collect(comm)
     if main:
         write_rows(folder / "eval.parquet", eval_rows)
-        write_json(folder / "privacy.json", world.ledger.to_json())
+        world.ledger.write()  # the final record (the write-ahead one, complete)
         final = world.final_row(summary, time.perf_counter() - t_start, git_commit())
-        final.update(empty_rounds=empty, skipped_utterances=skipped.total)
+        oplog("done", wall_s=final.pop("wall_s", None), skipped_utterances=skipped.total)
         if record.privacy.secure_mode:  # the drawn seed is no part of the record
             final.update(seed=None, config_json=json.dumps(to_dict(record), sort_keys=True))
         write_rows(folder / "final.parquet", [final])
         write_status(folder, "done", rounds, rounds)
-        log(f"done: WER {final.get('wer', float('nan')):.4f}, epsilon {final['epsilon']:.3g} -> {folder}")
+        log(f"done: WER {final.get('wer', float('nan')):.4f}, epsilon {final['epsilon']:.3g} "
+            f"[{world.ledger.to_json()['guarantee']}] -> {folder}")
     comm.barrier(slow=True)  # waits for rank 0's scoring and writes
     return folder
+
+
+def _check_contributions(rows: list[dict], quiet: int, ran: int, oplog: OperatorLog,
+                         lanes: int = 1) -> None:
+    """A run in which no client ever contributed learned nothing. Where the rows release the
+    diagnostics exactly (a non-private or void run), that is decided on them and the run fails;
+    otherwise the released values are noised and the exact counts are the operator's alone: a
+    warning in the operator log, and the run ends as it is (deciding on exact counts would make
+    the run's outcome an unaccounted release)."""
+    exact = [r for r in rows if r.get("diagnostics") == "exact"]
+    if rows and len(exact) == len(rows) and all(
+            (r.get("n_clients") or 0) - (r.get("n_nonfinite") or 0) < 0.5 for r in rows):
+        raise UserError(f"no client contributed in any of the {len(rows)} rounds (every update "
+                        "non-finite or without usable audio): the model learned nothing; e.g. "
+                        "lower fl.lr or the client.lr_*_mult keys, or check data.corpus")
+    if ran and quiet == ran:
+        who = "no client" if lanes == 1 else "no client of rank 0's lane"
+        oplog.warn(f"{who} contributed in any of the {ran} round(s) of this attempt: the model "
+                   "learned nothing; e.g. lower fl.lr or the client.lr_*_mult keys, or check "
+                   "data.corpus")
 
 
 def evaluate_start(cfg: Config) -> tuple[dict, list[dict]]:

@@ -81,6 +81,18 @@ class Run:
         return -1 if seed is None else int(seed)
 
     @property
+    def guarantee(self) -> str:
+        """The run's guarantee (``privacy.accounting.GUARANTEES``): valid, simulation, void or
+        none. Records written before research runs were told apart said ``valid`` for every run
+        with a guarantee; a research-mode one among them is a ``simulation``."""
+        # the starting model and FedAvg release through no mechanism (round-0 uses no client)
+        fallback = "none" if self.method in ("fedavg", "round-0") else "?"
+        g = str(self.final.get("guarantee") or fallback)
+        if g == "valid" and not self.setting("privacy", "secure_mode", False):
+            return "simulation"
+        return g
+
+    @property
     def wer(self) -> float:
         return float(self.final.get("wer", float("nan")))
 

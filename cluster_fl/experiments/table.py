@@ -6,7 +6,9 @@ by speaker and pooled over seeds: one resample draws, independently for every se
 run's evaluated speakers with replacement, computes the run's WER (Σ word errors / Σ reference
 words over the drawn speakers' utterances), and averages over seeds -- the same statistic as the
 cell's mean, so the CI is the uncertainty of that mean given the test speakers. A second table lists
-ε, δ and the per-pool effective noise multipliers σ_k = σ/√α_k.
+ε, δ, the guarantee behind ε (``valid``: secure mode; ``simulation``: research mode, whose
+recorded seed regenerates the noise; ``void``; ``none``: the weakest among the cell's runs) and the
+per-pool effective noise multipliers σ_k = σ/√α_k.
 
 Formats: ``md`` (both tables), ``latex`` (both, booktabs), ``csv`` (tidy: one row per cell with
 every statistic as its own column, for further analysis). A run in secure mode has no seed: it
@@ -27,6 +29,7 @@ from typing import Sequence
 import numpy as np
 
 from cluster_fl.experiments.results import Run, fmt, method_key
+from cluster_fl.privacy.accounting import GUARANTEE_ORDER
 
 BOOTSTRAP = 2000
 
@@ -46,6 +49,7 @@ class Cell:
     epsilon: float
     delta: float
     sigmas: dict[str, float]
+    guarantee: str = "?"
 
     @property
     def n(self) -> int:
@@ -116,9 +120,16 @@ def summarise(runs: Sequence[Run], resamples: int = BOOTSTRAP) -> list[Cell]:
             ci_low=low, ci_high=high,
             epsilon=float(np.mean([float(r.final.get("epsilon", math.nan)) for r in rs])),
             delta=float(rs[0].final.get("delta", math.nan)),
-            sigmas={p: float(np.mean([r.sigmas[p] for r in rs if p in r.sigmas])) for p in pools}))
+            sigmas={p: float(np.mean([r.sigmas[p] for r in rs if p in r.sigmas])) for p in pools},
+            guarantee=weakest_guarantee(r.guarantee for r in rs)))
     cells.sort(key=lambda c: (c.arch, c.condition != "frozen", method_key(c.method)))
     return cells
+
+
+def weakest_guarantee(guarantees) -> str:
+    """The weakest of the runs' guarantees (none < void < simulation < valid; unknown first)."""
+    rank = {g: i for i, g in enumerate(GUARANTEE_ORDER)}
+    return min(guarantees, key=lambda g: rank.get(g, -1), default="?")
 
 
 def _layout(cells: Sequence[Cell]) -> tuple[list[tuple[str, str]], list[str], dict]:
@@ -150,13 +161,14 @@ def to_markdown(cells: Sequence[Cell]) -> str:
         out.append(f"| {arch} | {cond} | "
                    + " | ".join(_cell_text(index.get((arch, cond, m))) for m in methods) + " |")
     pools = _pools(cells)
-    out += ["", "Privacy: ε at δ, effective noise multiplier σ per pool", "",
-            "| " + " | ".join(["arch", "condition", "method", "ε", "δ"]
+    out += ["", "Privacy: ε at δ, its guarantee (simulation: research mode, the recorded seed "
+            "regenerates the noise), effective noise multiplier σ per pool", "",
+            "| " + " | ".join(["arch", "condition", "method", "ε", "δ", "guarantee"]
                               + [f"σ/{p}" for p in pools]) + " |",
-            "|---|---|---|---|---|" + "---|" * len(pools)]
+            "|---|---|---|---|---|---|" + "---|" * len(pools)]
     for c in cells:  # one cell per column: no empty trailing cell when no run has pools
         out.append("| " + " | ".join([c.arch, c.condition, c.method, fmt(c.epsilon, 3),
-                                      f"{c.delta:g}"]
+                                      f"{c.delta:g}", c.guarantee]
                                      + [fmt(c.sigmas.get(p, math.nan)) for p in pools]) + " |")
     return "\n".join(out) + "\n"
 
@@ -177,13 +189,13 @@ def to_latex(cells: Sequence[Cell]) -> str:
         out.append(f"{_tex(arch)} & {cond} & "
                    + " & ".join(_tex(_cell_text(index.get((arch, cond, m)))) for m in methods) + r" \\")
     pools = _pools(cells)
-    out += [r"\bottomrule", r"\end{tabular}", "", r"\begin{tabular}{lll" + "c" * (2 + len(pools)) + "}",
-            r"\toprule", r"arch & condition & method & $\varepsilon$ & $\delta$ & "
+    out += [r"\bottomrule", r"\end{tabular}", "", r"\begin{tabular}{lll" + "c" * (3 + len(pools)) + "}",
+            r"\toprule", r"arch & condition & method & $\varepsilon$ & $\delta$ & guarantee & "
             + " & ".join(rf"$\sigma_{{\mathrm{{{_tex(p)}}}}}$" for p in pools) + r" \\", r"\midrule"]
     for c in cells:
         out.append(f"{_tex(c.arch)} & {c.condition} & {_tex(c.method)} & {_tex(fmt(c.epsilon, 3))} & "
-                   f"{c.delta:g} & " + " & ".join(_tex(fmt(c.sigmas.get(p, math.nan))) for p in pools)
-                   + r" \\")
+                   f"{c.delta:g} & {c.guarantee} & "
+                   + " & ".join(_tex(fmt(c.sigmas.get(p, math.nan))) for p in pools) + r" \\")
     out += [r"\bottomrule", r"\end{tabular}"]
     return "\n".join(out) + "\n"
 
@@ -194,10 +206,11 @@ def to_csv(cells: Sequence[Cell]) -> str:
     buf = io.StringIO()
     w = csv.writer(buf)
     w.writerow(["arch", "condition", "method", "n_seeds", "seeds", "wer_mean", "wer_std",
-                "wer_ci_low", "wer_ci_high", "epsilon", "delta"] + [f"sigma/{p}" for p in pools])
+                "wer_ci_low", "wer_ci_high", "epsilon", "delta", "guarantee"]
+               + [f"sigma/{p}" for p in pools])
     for c in cells:
         w.writerow([c.arch, c.condition, c.method, c.n, " ".join(_seed_label(r) for r in c.runs),
-                    c.mean, c.std, c.ci_low, c.ci_high, c.epsilon, c.delta]
+                    c.mean, c.std, c.ci_low, c.ci_high, c.epsilon, c.delta, c.guarantee]
                    + [c.sigmas.get(p, math.nan) for p in pools])
     return buf.getvalue()
 

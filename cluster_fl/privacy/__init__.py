@@ -8,7 +8,9 @@ a ``NoiseSource`` once to the summed update (std σ·C) and summed statistic
 (std ``policy.statistic_noise_std``), then ``policy.update(noised_sum, denominator)`` and
 ``ledger.step(policy)``. The per-round diagnostics (clip rates, norms, loss) are a release of
 their own: :mod:`~cluster_fl.privacy.diagnostics` bounds them, sets their noise and tells the
-accountant its multiplier.
+accountant its multiplier. Secure mode draws its noise and cohorts from ChaCha20 streams under
+256-bit OS keys (:mod:`~cluster_fl.privacy.csprng`); research mode from seeded streams, and its
+runs are recorded as simulations (``accounting.GUARANTEES``).
 """
 
 from cluster_fl.privacy.accounting import (PrivacyLedger, RoundEvent, combined_noise_multiplier,

@@ -15,9 +15,16 @@ Neighbouring relation and sampling:
   has no sampling-without-replacement event, so with ``accountant: pld`` a fixed-size run falls
   back to RDP and the ledger says so (``accountant`` = "rdp", ``fallback`` = the reason).
 
-Guarantee recorded: "valid"; "void" (a channel is released without noise: non-private adaptive
-statistics, or σ = 0) with ``void_reasons``; "none" (``privacy.mechanism: none``). A void or
-"none" run's ε is +inf (``null`` in JSON), never the nominal figure of the update channel alone.
+Guarantee recorded (:data:`GUARANTEES`, shown wherever ε is: privacy.json, ``account``, tables):
+* "valid": secure mode -- noise and cohorts from a CSPRNG, no seed recorded anywhere;
+* "simulation": research mode -- ε is the mechanism's, but the run folder's config holds the
+  seed from which the noise (and the cohorts) can be regenerated, so the folder itself is no
+  protected release;
+* "void": a channel is released without noise (exact diagnostics, recorded audit channels,
+  non-private adaptive statistics, σ = 0), with ``void_reasons``;
+* "none": ``privacy.mechanism: none``.
+A void or "none" run's ε is +inf (``null`` in JSON), never the nominal figure of the update
+channel alone.
 """
 
 from __future__ import annotations
@@ -37,6 +44,15 @@ from cluster_fl.errors import UserError
 from cluster_fl.privacy.diagnostics import release_multiplier
 
 ADAPTIVE_METHODS = ("uniform-ema", "size-ema", "quantile")
+GUARANTEES = {
+    "valid": "secure mode: noise and cohorts from a CSPRNG, no seed recorded",
+    "simulation": "research mode: the mechanism's epsilon, but the run folder's seed "
+                  "regenerates the noise and the cohorts",
+    "void": "a channel is released without noise",
+    "none": "no privacy mechanism",
+}
+# weakest first: a table cell of several runs shows the weakest guarantee among them
+GUARANTEE_ORDER = ("none", "void", "simulation", "valid")
 PLD_FALLBACK = ("dp-accounting's PLD accountant does not support sampling without replacement; "
                 "fixed-size cohorts are accounted with RDP")
 
@@ -167,8 +183,9 @@ def noise_multiplier_for_epsilon(target_epsilon: float, sampling_rate: float, ro
 
 def effective_noise_multipliers(policy: Any, sigma: float) -> tuple[dict[str, float],
                                                                     dict[str, float]]:
-    """Per-pool and per-group effective noise multipliers σ·C/C_k (= σ/√α_k for a pool)."""
-    c = policy.clip_norm
+    """Per-pool and per-group effective noise multipliers σ·C/C_k (= σ/√α_k for a pool), with the
+    nominal thresholds (before the fixed-point reserve, which shrinks C and every C_k alike)."""
+    c = policy.clip_norm * getattr(policy, "threshold_scale", 1.0)
     pools = {k: (sigma * c / ck if ck > 0 else math.inf)
              for k, ck in policy.pool_thresholds().items()}
     groups = {h: (sigma * c / ch if ch > 0 else math.inf)
@@ -210,10 +227,13 @@ class PrivacyLedger:
 
     @property
     def guarantee(self) -> str:
-        """"none" (no mechanism), "void" (a channel released without noise) or "valid"."""
+        """"none" (no mechanism), "void" (a channel released without noise), "simulation"
+        (research mode: the recorded seed regenerates the noise) or "valid" (secure mode)."""
         if self.privacy.mechanism == "none":
             return "none"
-        return "void" if self.void_reasons else "valid"
+        if self.void_reasons:
+            return "void"
+        return "valid" if self.privacy.secure_mode else "simulation"
 
     def record_policy(self, policy: Any) -> None:
         """Record pools (share, threshold, effective σ) and whether statistics are private."""
@@ -255,8 +275,9 @@ class PrivacyLedger:
         return "rdp" if self.sampling == "fixed" else self.privacy.accountant
 
     def epsilon(self) -> float:
-        """ε at ``privacy.delta`` so far; +inf when the guarantee is void or none."""
-        if self.guarantee != "valid":
+        """ε at ``privacy.delta`` so far (the mechanism's, also for a simulation); +inf when the
+        guarantee is void or none."""
+        if self.guarantee in ("void", "none"):
             return math.inf
         # the engine asks every round; PLD / without-replacement RDP take ~0.1-1 s, so memoise
         key = tuple((e.key(), e.count) for e in self.events)
@@ -279,6 +300,7 @@ class PrivacyLedger:
             "population": self.population, "rounds": self.rounds,
             "events": [e.describe() for e in self.events] if self.guarantee != "none" else [],
             "pools": self.pools, "guarantee": self.guarantee,
+            "guarantee_note": GUARANTEES[self.guarantee],
             "void_reasons": list(self.void_reasons), "mechanism": self.privacy.mechanism,
             "clipping": self.privacy.clipping, "clip_norm": self.privacy.clip_norm,
             "diagnostics": self.privacy.diagnostics,

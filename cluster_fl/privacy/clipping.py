@@ -23,6 +23,15 @@ float64 with max-scaling (no overflow), a clipped group is scaled a hair (2⁻²
 threshold so the final cast cannot round it over, and a non-finite update becomes all zeros
 (``nonfinite=True``; the engine counts it). Output tensors keep their dtype, promoted to ≥ float32.
 
+The sensitivity survives the secure sum's fixed-point encoding (round to the nearest multiple of
+2^-f): rounding moves each of the d coordinates by at most 2^-(f+1), so the encoded update's norm
+can exceed ‖x‖ by √d·2^-(f+1). :meth:`ClipPolicy.reserve_encoding` (the round engine calls it with
+``aggregation.fixed_point_bits``) shrinks every threshold by that margin, κ = 1 − √d·2^-(f+1)/C, so
+the ENCODED update has norm ≤ C, and refuses fractional bits that would take more than
+``ENCODING_SHARE`` of C (e.g. 8 bits for a million parameters: +1.95 at C = 1). The adaptive
+EMA statistic (L2 ≤ ``stat_clip``) reserves its own margin likewise; the quantile indicators
+(±½) and the diagnostics (entries in [0, 1]) lie on the grid or round within their range.
+
 Registry names are exactly ``config.CLIPPING_METHODS``. Rules:
 * ``size``: w_u ∝ p_u (unit size);  ``uniform``: w_u = 1/|units in pool|;  ``flat``: one
   threshold per pool.
@@ -61,6 +70,14 @@ from cluster_fl.privacy.rules import make_rule
 # A clipped group is scaled to threshold·(1 − MARGIN): float32 rounding (≤ 2⁻²⁴ relative) can
 # then never lift it over its threshold.
 MARGIN = 2.0 ** -20
+# the share of C the fixed-point rounding may take before reserve_encoding refuses the bits
+ENCODING_SHARE = 1e-3
+
+
+def encoding_margin(numel: int, frac_bits: int) -> float:
+    """The most round-to-nearest fixed point with ``frac_bits`` fractional bits can add to the L2
+    norm of a ``numel``-coordinate vector: √numel · 2^-(frac_bits+1)."""
+    return math.sqrt(max(numel, 0)) * 2.0 ** -(frac_bits + 1)
 
 
 @dataclass(frozen=True)
@@ -164,28 +181,62 @@ class ClipPolicy:
         self.stat_clip = float(stat_clip)
         self.stat_noise_multiplier = float(stat_noise_multiplier)
         self.rounds_updated = 0
+        # reserve_encoding: thresholds shrink by κ, the EMA statistic's bound by its own margin
+        self.encoding_bits: int | None = None
+        self._kappa = 1.0
+        self._stat_margin = 0.0
+
+    def reserve_encoding(self, frac_bits: int) -> None:
+        """Shrink the thresholds so that the update, once encoded in fixed point with
+        ``frac_bits`` fractional bits, still has L2 norm ≤ C (module docstring). Refuses, naming
+        ``aggregation.fixed_point_bits``, bits whose rounding would take more than
+        ``ENCODING_SHARE`` of C. Idempotent for the same bits."""
+        numel = sum(g.numel for g in self.groups)
+        margin = encoding_margin(numel, frac_bits)
+        if margin > ENCODING_SHARE * self.clip_norm:
+            need = math.ceil(math.log2(math.sqrt(numel) / (2.0 * ENCODING_SHARE * self.clip_norm)))
+            raise ConfigError("aggregation.fixed_point_bits",
+                              f"{frac_bits} fractional bits are too few for {numel:,} trainable "
+                              f"parameters at privacy.clip_norm {self.clip_norm:g}: rounding could "
+                              f"add {margin:.3g} to a clipped update's norm (more than "
+                              f"{ENCODING_SHARE:g} of C); use at least {need}")
+        self.encoding_bits = int(frac_bits)
+        self._kappa = 1.0 - margin / self.clip_norm
+        if self.adaptive == "ema" and self.adaptive_private:
+            self._stat_margin = encoding_margin(len(self._unit_names), frac_bits)
+            if self._stat_margin > ENCODING_SHARE * self.stat_clip:
+                raise ConfigError("aggregation.fixed_point_bits",
+                                  f"{frac_bits} fractional bits are too few for the adaptive "
+                                  f"statistic at privacy.stat_clip {self.stat_clip:g}")
 
     # ---- thresholds -------------------------------------------------------------------
+    @property
+    def threshold_scale(self) -> float:
+        """κ: every threshold's share of its nominal value C·√(α_k·w_u) (1 until
+        :meth:`reserve_encoding`)."""
+        return self._kappa
+
     @property
     def pools(self) -> list[PoolSpec]:
         """The pools (name, member groups, share, rule)."""
         return list(self._pools)
 
     def pool_thresholds(self) -> dict[str, float]:
-        """C_k = C·√α_k per pool (Σ C_k² = C²)."""
-        return {p.name: self.clip_norm * math.sqrt(p.share) for p in self._pools}
+        """C_k = C·√α_k per pool (Σ C_k² = C²; times κ after :meth:`reserve_encoding`)."""
+        return {p.name: self.clip_norm * self._kappa * math.sqrt(p.share) for p in self._pools}
 
     def unit_thresholds(self) -> dict[str, float]:
         """Current per-unit thresholds C_u, Σ_u C_u² = C² (a flat pool's units report the pool
-        threshold)."""
+        threshold; times κ after :meth:`reserve_encoding`)."""
         out: dict[str, float] = {}
+        c = self.clip_norm * self._kappa
         for pool, rule in zip(self._pools, self._rules):
             if rule.flat:
                 for u in pool.units:
-                    out[u] = self.clip_norm * math.sqrt(pool.share)
+                    out[u] = c * math.sqrt(pool.share)
             else:
                 for u, w in zip(pool.units, rule.weights()):
-                    out[u] = self.clip_norm * math.sqrt(pool.share * w)
+                    out[u] = c * math.sqrt(pool.share * w)
         return {u: out[u] for u in self._unit_names}
 
     def thresholds(self) -> dict[str, float]:
@@ -308,7 +359,7 @@ class ClipPolicy:
         res = (result_or_update if isinstance(result_or_update, ClipResult)
                else self.clip(result_or_update))
         if self.adaptive == "ema":
-            bound = self.stat_clip if self.adaptive_private else None
+            bound = self.stat_clip - self._stat_margin if self.adaptive_private else None
             unit_norms = self._unit_norms(res.group_norms)
             vals = norm_statistic([unit_norms[u] for u in self._unit_names], bound)
         else:  # a unit's groups share one clip decision: read it from its first member

@@ -12,12 +12,18 @@ engine adds the vectors to the secure sum beside the updates and rank 0 adds the
   composes it with the update on the same cohort (:func:`release_multiplier`);
 * ``exact``: exact values and per-group norms for research figures; nothing is noised and the
   run records its guarantee as void (``privacy.accounting.ledger_for``);
-* ``off``: nothing is released but the update. The vector keeps only the counters (trained,
-  skipped, non-finite) from which the round engine reads its one-bit empty-round flag, the side
-  statistic the audit declares; the metrics row carries none of them, and the accountant charges
-  nothing for diagnostics.
+* ``off``: nothing is released but the update. The vector is empty: nothing about the clients
+  enters the secure sum beside the update, the metrics row carries no statistic of them, and the
+  accountant charges nothing for diagnostics.
 
-Non-private runs (``privacy.mechanism: none``) release exact diagnostics unless ``off``.
+Means divide by the public denominator (n, or q·N under Poisson sampling), never by a realised
+count; the counters (trained, skipped, non-finite) are released as their noised sums, from which
+a reader may estimate counts (free post-processing). Exact mode (void) divides by the exact
+number of trained clients. Non-private runs (``privacy.mechanism: none``) release exact
+diagnostics unless ``off``.
+
+Sensitivity survives the secure sum's fixed-point encoding: an entry in [0, 1] rounds to a
+multiple of 2^-f in [0, 1] (0 and 1 are on the grid), so the encoded vector still has L2 ≤ √D.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from cluster_fl.groups import GroupSpec
 
 LOSS_SCALE = 10.0  # noised mode reports min(loss / 10, 1)
 EXACT_BOUND = 1e4  # exact mode: entries are clamped to [-1e4, 1e4] for the fixed-point sum
-COUNTERS = ("trained", "skipped", "nonfinite")  # summed in every mode (the empty-round flag)
+COUNTERS = ("trained", "skipped", "nonfinite")  # summed (and noised) unless ``off``
 
 
 def release_multiplier(privacy: PrivacyConfig) -> float | None:
@@ -69,7 +75,7 @@ class Diagnostics:
         self.exact = self.mode == "exact"
         self.clip_norm = privacy.clip_norm
         self.pools = [p.name for p in policy.pools] if self.private else ["all"]
-        self.head = list(COUNTERS)
+        self.head = list(COUNTERS) if self.mode != "off" else []
         if self.mode != "off":
             self.head += ["loss", "total_norm", "any_clipped"]
         self.per_pool = ["clipped", "retained", "norm"] if self.mode != "off" else []
@@ -108,6 +114,8 @@ class Diagnostics:
         return Measured(dict(delta), norms, {"all": total}, {"all": False}, {"all": 1.0}, total)
 
     def client_vector(self, res: Any, loss: float) -> torch.Tensor:
+        if self.mode == "off":
+            return torch.zeros(0, dtype=torch.float64)
         v = [1.0, 0.0, float(bool(res.nonfinite))]
         if self.mode != "off":
             v += [self._bound(loss, LOSS_SCALE),
@@ -125,20 +133,21 @@ class Diagnostics:
             out = out.clamp(0.0, 1.0)
         return out
 
-    def row(self, total: torch.Tensor, thresholds: Mapping[str, float], n_cohort: int) -> dict:
-        """Decode a (noised) summed vector into a metrics row of means. With ``off`` the row
-        holds no statistic of the clients, only the (public) thresholds."""
+    def row(self, total: torch.Tensor | None, thresholds: Mapping[str, float],
+            denominator: float) -> dict:
+        """Decode a (noised) summed vector into a metrics row of means over the public
+        ``denominator`` (exact mode: over the exact number trained). With ``off`` the row holds
+        no statistic of the clients, only the (public) thresholds."""
         if self.mode == "off":
             row: dict[str, Any] = {"diagnostics": "off"}
         else:
-            row = self._means(dict(zip(self.names, total.tolist())), n_cohort)
+            row = self._means(dict(zip(self.names, total.tolist())), denominator)
         for name, c in thresholds.items():
             row[f"threshold/{name}"] = float(c)
         return row
 
-    def _means(self, s: dict[str, float], n_cohort: int) -> dict[str, Any]:
-        trained = s["trained"] if self.exact else max(float(n_cohort), 1.0)
-        div = max(trained, 1.0)
+    def _means(self, s: dict[str, float], denominator: float) -> dict[str, Any]:
+        div = max(s["trained"], 1.0) if self.exact else float(denominator)
         row: dict[str, Any] = {
             "n_clients": s["trained"], "n_skipped": s["skipped"], "n_nonfinite": s["nonfinite"],
             "loss": s["loss"] / div * (1 if self.exact else LOSS_SCALE),

@@ -1,17 +1,24 @@
 """Gaussian noise for the summed update (and the summed adaptive statistic), added ONCE.
 
-Threat model. The aggregator is trusted; what leaves it is the noised sum. Two modes:
+Threat model. The aggregator (rank 0's noise step) is trusted; what leaves it is the noised sum.
+Two modes:
 
 * research (``ResearchNoise``): every draw is a deterministic function of (seed, round, stream),
   via a ``torch.Generator`` seeded from SHA-256 of those. Reproducible and independent of the
   number of ranks, but anyone who knows the seed can subtract the noise: NOT a privacy guarantee
-  against an observer who knows the seed.
-* secure (``SecureNoise``): a fresh generator per draw, seeded with 64 bits from the OS CSPRNG
-  (``secrets``); refuses a seed. Against floating-point attacks on the Gaussian sampler (Mironov
-  2012; Jin et al. 2022) each sample is the sum of 2n = 4 independent N(0, std²/4) draws,
-  accumulated in float64 — the construction Opacus' secure mode uses (Holohan & Braghin 2021) —
-  so the low-order bits of a released value no longer reveal which base sample produced it.
-  Noise is never cast below float32 before release.
+  against an observer who holds the run folder (its config records the seed). Runs record their
+  guarantee as ``simulation`` (``privacy.accounting``). The round engine scopes every stream by
+  the run's identity, so two grid cells that share a seed never share noise.
+* secure (``SecureNoise``): every draw reads a ChaCha20 keystream under a fresh 256-bit key from
+  the OS CSPRNG (:mod:`cluster_fl.privacy.csprng`); refuses a seed. Against floating-point attacks
+  on the Gaussian sampler (Mironov 2012; Jin et al. 2022) each sample is the sum of 2n = 4
+  independent N(0, std²/4) draws, accumulated in float64 -- the construction Opacus' secure mode
+  uses (Holohan & Braghin 2021) -- so the low-order bits of a released value no longer reveal
+  which base sample produced it. Noise is never cast below float32 before release.
+
+Tails: no draw exceeds ``TAIL_STDS`` standard deviations (Box-Muller from a uniform u > 0 gives
+|z| ≤ √(2·ln(1/u)) ≤ 37.7 even for the smallest positive double), which is what the fixed-point
+range of the secure sum reserves for the noise rank 0 adds to it.
 
 Per-group streams (``"update/<group>"``) make a group's noise independent of dict order.
 """
@@ -19,14 +26,17 @@ Per-group streams (``"update/<group>"``) make a group's noise independent of dic
 from __future__ import annotations
 
 import abc
-
 import hashlib
-import secrets
+import math
 from typing import Any, Mapping
 
+import numpy as np
 import torch
 
+from cluster_fl.privacy.csprng import ChaChaStream, draw_nonce, new_key
+
 SECURE_DRAWS = 4  # 2n with n = 2, as Opacus' secure mode
+TAIL_STDS = 64.0  # |noise| <= TAIL_STDS * std for every draw of either source (module docstring)
 
 
 def stream_seed(seed: int, round_: int, stream: str) -> int:
@@ -46,11 +56,9 @@ class NoiseSource(abc.ABC):
     secure: bool = False
 
     @abc.abstractmethod
-    def _generator(self, round_: int, stream: str, device: torch.device) -> torch.Generator:
-        """A generator for (round, stream): seeded deterministically or from the OS CSPRNG."""
-
-    def _draws(self) -> int:
-        return 1
+    def _standard(self, shape: tuple[int, ...], round_: int, stream: str,
+                  device: torch.device) -> torch.Tensor:
+        """float64 N(0, 1) samples of ``shape`` for (round, stream) on ``device``."""
 
     def gaussian(self, shape: tuple[int, ...] | torch.Size, std: float, *, round: int,
                  stream: str, device: torch.device | str = "cpu",
@@ -62,13 +70,7 @@ class NoiseSource(abc.ABC):
         out_dtype = _release_dtype(dtype)
         if std == 0:
             return torch.zeros(shape, dtype=out_dtype, device=device)
-        gen = self._generator(round, stream, device)
-        k = self._draws()
-        acc = torch.zeros(shape, dtype=torch.float64, device=device)
-        for _ in range(k):
-            acc += torch.randn(shape, generator=gen, dtype=torch.float64, device=device)
-        # Σ of k standard normals has variance k: scale by std/√k
-        return (acc * (std / k ** 0.5)).to(out_dtype)
+        return (self._standard(tuple(shape), round, stream, device) * std).to(out_dtype)
 
     def add_noise(self, tensor: torch.Tensor, std: float, *, round: int,
                   stream: str) -> torch.Tensor:
@@ -93,14 +95,16 @@ class ResearchNoise(NoiseSource):
     def __init__(self, seed: int) -> None:
         self.seed = int(seed)
 
-    def _generator(self, round_: int, stream: str, device: torch.device) -> torch.Generator:
+    def _standard(self, shape: tuple[int, ...], round_: int, stream: str,
+                  device: torch.device) -> torch.Tensor:
         gen = torch.Generator(device=device)
         gen.manual_seed(stream_seed(self.seed, round_, stream))
-        return gen
+        return torch.randn(shape, generator=gen, dtype=torch.float64, device=device)
 
 
 class SecureNoise(NoiseSource):
-    """Noise from the OS CSPRNG, sum-of-Gaussians construction; a seed is refused."""
+    """Noise from a ChaCha20 keystream under a fresh 256-bit OS-CSPRNG key per draw, the
+    sum-of-Gaussians construction; a seed is refused."""
 
     secure = True
 
@@ -108,13 +112,17 @@ class SecureNoise(NoiseSource):
         if seed is not None:
             raise ValueError("secure-mode noise refuses a seed: it is drawn from the OS CSPRNG")
 
-    def _generator(self, round_: int, stream: str, device: torch.device) -> torch.Generator:
-        gen = torch.Generator(device=device)
-        gen.manual_seed(secrets.randbits(63))
-        return gen
-
-    def _draws(self) -> int:
-        return SECURE_DRAWS
+    def _standard(self, shape: tuple[int, ...], round_: int, stream: str,
+                  device: torch.device) -> torch.Tensor:
+        n = math.prod(shape)
+        # a fresh key per draw: nothing links two draws, and (round, stream) name the nonce
+        gen = ChaChaStream(new_key(), draw_nonce("noise", round_, stream))
+        acc = np.zeros(n, dtype=np.float64)
+        for _ in range(SECURE_DRAWS):
+            acc += gen.normal(n)
+        # Σ of k standard normals has variance k: scale by 1/√k
+        acc *= 1.0 / math.sqrt(SECURE_DRAWS)
+        return torch.from_numpy(acc).reshape(shape).to(device)
 
 
 def make_noise(secure_mode: bool, seed: int | None = None) -> NoiseSource:

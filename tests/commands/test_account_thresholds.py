@@ -63,7 +63,12 @@ def test_account_json_contract_matches_accounting(capsys):
     assert r["epsilon"] == pytest.approx(
         compute_epsilon(1.0, 0.016, 30, 1e-5, statistic_noise_multiplier=z_d), rel=1e-12)
     assert r["epsilon"] > compute_epsilon(1.0, 0.016, 30, 1e-5)
-    assert r["guarantee"] == "valid"
+    # research mode (the default) is a simulation: the mechanism's ε, the seed on record;
+    # secure mode the same ε, valid
+    assert r["guarantee"] == "simulation" and "seed" in r["guarantee_note"]
+    secure = run_json(capsys, "account", LAYOUT, "privacy.noise_multiplier=1.0",
+                      "privacy.secure_mode=true")
+    assert secure["guarantee"] == "valid" and secure["epsilon"] == r["epsilon"]
     exact = run_json(capsys, "account", LAYOUT, "privacy.diagnostics=exact")
     assert exact["guarantee"] == "void" and exact["epsilon"] is None
 
@@ -91,7 +96,8 @@ def test_account_mechanism_none(capsys):
 
 def test_text_output(capsys):
     assert cli.main(["account", LAYOUT]) == 0
-    assert "epsilon" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "epsilon" in out and "[guarantee: simulation]" in out and "regenerates" in out
     assert cli.main(["thresholds", LAYOUT]) == 0
     out = capsys.readouterr().out
     assert "0.4472" in out and "0.1026" in out

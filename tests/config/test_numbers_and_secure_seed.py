@@ -104,3 +104,11 @@ def test_missing_language_opt_out_is_a_bookkeeping_key():
     base = load_config(None, [])
     assert base.data.allow_missing_languages is False
     assert run_id(load_config(None, ["data.allow_missing_languages=true"])) == run_id(base)
+
+
+def test_secure_mode_without_the_masked_secure_sum_is_refused():
+    # secure mode promises that no rank sees another's partial sum: that needs the masks
+    with pytest.raises(ConfigError, match=r"aggregation\.secure_sum"):
+        load_config(None, ["privacy.secure_mode=true", "aggregation.secure_sum=false"])
+    assert not load_config(None, ["aggregation.secure_sum=false"]).aggregation.secure_sum
+    assert load_config(None, ["privacy.secure_mode=true"]).aggregation.secure_sum

@@ -156,3 +156,35 @@ def test_running_sum_memory_does_not_grow_with_clients():
     total = s.reduce(LocalComm(), 0)["g"]
     assert torch.allclose(total, torch.full((10_000,), sum(0.001 * (k % 7) for k in range(200)),
                                             dtype=torch.float64), atol=200 * 2.0**-33)
+
+
+def test_an_offset_is_summed_once_within_its_bound_and_never_in_the_partial():
+    """Rank 0's noise enters the sum before the all-reduce: the total every rank decodes is
+    clients + offset, the rank's own partial stays the clients' alone, and an offset beyond its
+    reserved tail (or a second one in a reduction) is refused."""
+    s = SecureSummer({"g": 4, "h": 2}, frac_bits=32, max_clients=3, bounds=1.0,
+                     offset_bounds={"g": 64.0}, mode="research", seed=1)
+    x = torch.tensor([0.5, -0.25, 1.0, 0.0])
+    s.add({"g": x})
+    noise = torch.tensor([3.0, -40.5, 0.125, 63.0], dtype=torch.float64)
+    s.add_offset({"g": noise})
+    assert torch.equal(s.partial()["g"], x.double())  # the rank's own, noise-free partial
+    with pytest.raises(ValueError, match="already added"):
+        s.add_offset({"g": noise})
+    total = s.reduce(LocalComm(), 0)
+    assert torch.equal(total["g"], x.double() + noise) and torch.equal(total["h"], torch.zeros(2))
+    assert s.reduce(LocalComm(), 1)["g"].abs().max() == 0  # reset: the offset was used once
+    with pytest.raises(SecureSumRangeError, match="offset bound"):
+        s.add_offset({"g": torch.tensor([0.0, 0.0, 64.5, 0.0])})
+    with pytest.raises(SecureSumRangeError, match="offset bound 0"):  # no tail reserved
+        s.add_offset({"h": torch.tensor([0.1, 0.0])})
+
+
+def test_the_range_check_reserves_the_offset_tail():
+    # 2^20 clients at |x| <= 1 with 42 bits fill int64 to 2^62: an offset of 2^20 more does not fit
+    check_range(0.5, 2**20, 42, offset=2.0**19)
+    with pytest.raises(SecureSumRangeError, match="noise"):
+        check_range(1.0, 2**20, 42, offset=2.0**21)
+    with pytest.raises(SecureSumRangeError):
+        SecureSummer({"g": 4}, frac_bits=42, max_clients=2**20, bounds=1.0,
+                     offset_bounds={"g": 2.0**21})

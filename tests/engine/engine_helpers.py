@@ -52,6 +52,14 @@ def tiny_config(corpus: Path, out: Path, *extra: str) -> Config:
     return load_config(None, tiny_overrides(corpus, out, *extra))
 
 
+def cohort_sizes(folder: Path) -> list[int]:
+    """The realised cohort size of every round, from the run's operator log (the run folder
+    releases none)."""
+    from cluster_fl.engine.operator_log import read_operator_log
+
+    return [e["cohort"] for e in read_operator_log(Path(folder)) if e["event"] == "round"]
+
+
 def read_run(folder: Path) -> dict[str, Any]:
     """Final trainable state (checkpoint) and round rows without ``wall_s`` from a run folder."""
     from cluster_fl.engine.checkpoint import load_run_checkpoint
@@ -125,10 +133,11 @@ def flat(state: Mapping[str, torch.Tensor], names: Sequence[str]) -> torch.Tenso
 
 
 # ---------------------------------------------------------------------------- spawn workers
-def noise_worker(comm: Any, n_clients: int, sigma: float, rounds: int) -> dict[str, Any]:
+def noise_worker(comm: Any, n_clients: int, sigma: float, rounds: int,
+                 clip_norm: float = 1.0) -> dict[str, Any]:
     """Zero updates on every client; returns each round's released mean (rank's view)."""
     cfg = engine_config("privacy.noise_multiplier=" + repr(sigma),
-                        f"fl.clients_per_round={n_clients}")
+                        f"fl.clients_per_round={n_clients}", f"privacy.clip_norm={clip_norm!r}")
     runner = FakeRunner(lambda c, r: {s.name: torch.zeros(s.shape) for s in BIG_GROUPS})
     engine = make_engine(cfg, runner, n_clients, comm, groups=BIG_GROUPS)
     means = []
@@ -138,6 +147,33 @@ def noise_worker(comm: Any, n_clients: int, sigma: float, rounds: int) -> dict[s
         means.append(flat(out.state, [s.name for s in BIG_GROUPS]))
     return {"means": torch.stack(means), "trained": sorted(c for c, _ in runner.calls),
             "denominator": out.row["denominator"]}
+
+
+def received_worker(comm: Any, n_clients: int, sigma: float) -> dict[str, Any]:
+    """One round of random client updates; returns what THIS rank received from the secure-sum
+    all-reduce (the decoded totals), and the released mean. With ``sigma`` 0 the totals are
+    the clean sum of the clipped updates."""
+    from cluster_fl.secure_sum import SecureSummer
+
+    cfg = engine_config(f"privacy.noise_multiplier={sigma!r}", f"fl.clients_per_round={n_clients}",
+                        "privacy.clip_norm=0.5", "run.run_id=received")
+    engine = make_engine(cfg, FakeRunner(lambda c, r: random_update(c, r, scale=0.2)), n_clients,
+                         comm)
+    received, partials = [], []
+    reduce = SecureSummer.reduce
+
+    def spy(self, *args, **kwargs):
+        partials.append(self.partial())  # what this rank knows of its own clients
+        received.append({k: v.clone() for k, v in reduce(self, *args, **kwargs).items()})
+        return received[-1]
+
+    SecureSummer.reduce = spy
+    try:
+        out = engine.run_round(1, zero_state())
+    finally:
+        SecureSummer.reduce = reduce
+    return {"received": received, "partials": partials,
+            "mean": flat(out.state, [s.name for s in FAKE_GROUPS])}
 
 
 # Larger groups for the variance test: 2 x 6000 coordinates per round.

@@ -2,7 +2,7 @@
 ``policy.update`` the secure sum of the clients' statistics plus exactly the noise drawn for the
 ``stat`` stream (std ``policy.statistic_noise_std``, once per round), over the public
 denominator -- never the exact sum. Checked by spying on the real engine's policy and regenerating
-the research-mode noise from the seed."""
+the research-mode noise from the seed and the run's id (the stream's scope)."""
 
 from __future__ import annotations
 
@@ -34,8 +34,8 @@ def test_the_policy_consumes_the_exact_sum_plus_the_stat_noise_and_nothing_else(
         exact = torch.stack(stats[-4:]).sum(0)
         noised, denominator = consumed[-1]
         assert len(stats) == 4 * r and len(consumed) == r and denominator == 4.0
-        drawn = noise.gaussian(tuple(exact.shape), std, round=r, stream="stat",
-                               dtype=torch.float64)
-        # the exact sum went through the fixed-point secure sum (2^-32 steps)
+        drawn = noise.gaussian(tuple(exact.shape), std, round=r,
+                               stream=f"{engine.noise_scope}/stat", dtype=torch.float64)
+        # the exact sum and the noise went through the fixed-point secure sum (2^-32 steps)
         torch.testing.assert_close(noised, exact + drawn, rtol=0, atol=1e-8)
         assert (noised - exact).abs().max() > 10 * 2.0 ** -32 * 4  # noise, not rounding

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine_helpers import read_run, tiny_config, tiny_overrides, training_worker
+from engine_helpers import cohort_sizes, read_run, tiny_config, tiny_overrides, training_worker
 
 from cluster_fl.config import dump_config, replace
 from cluster_fl.dist import LocalComm, bitwise_differences, spawn
@@ -202,11 +202,11 @@ def test_an_empty_client_in_a_block_is_skipped_and_the_rest_train(world, moved_s
         engine.clients = [saved[0], empty, *saved[2:]]
         engine.cfg = replace(world.cfg, {"fl.clients_per_step": 4, "fl.sampling": "fixed",
                                          "fl.clients_per_round": len(saved)})
-        row = engine.run_round(1, moved_state).row
+        facts = engine.run_round(1, moved_state).operator
     finally:
         engine.clients, engine.cfg = saved, world.cfg
         del runner.train_cohort
-    assert row["n_cohort"] == len(saved) and row["empty"] == 0
+    assert facts["cohort"] == len(saved) and facts["skipped"] == 1 and facts["trained"] > 0
     # the empty client never reached training; the others trained in blocks of up to 4
     assert trained and all(saved[1].index not in block for block in trained)
     assert sorted(c for block in trained for c in block) == \
@@ -239,8 +239,8 @@ def test_batched_two_ranks_equal_one_process_bit_for_bit(tiny_corpus, batched_on
     # and it trained like one client at a time (same cohort, same noise): states within
     # tolerance, the same privacy spent
     assert _rel(reference_run["state"], batched_one["state"]) < 1e-3
+    assert cohort_sizes(reference_run["folder"]) == cohort_sizes(batched_one["folder"])
     for a, b in zip(reference_run["rows"], batched_one["rows"]):
-        assert a["n_cohort"] == b["n_cohort"]
         for key in [k for k in a if k.startswith("eps")]:
             assert a[key] == b[key], key
 

@@ -2,9 +2,10 @@
 
 - a requested language that the corpus lacks is a one-line error naming it and the opt-out key;
   with ``data.allow_missing_languages=true`` the run uses the languages present and logs the rest;
-- a corpus row whose audio does not decode is logged and counted per client in the run folder
-  (skipped.json, and ``skipped_utterances`` in final.parquet), also when a later run reads the
-  shard's features from the cache.
+- a corpus row whose audio does not decode is logged and counted per client for the operator
+  (``.operator/<run_id>.skipped.json`` and the operator log, outside the run folder: an exact
+  per-client count is no release of a DP run), also when a later run reads the shard's features
+  from the cache; the run folder names neither the row nor a count.
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ def _corrupt_row(shard, row):
     return table.column("utterance_id")[row].as_py(), table.column("speaker")[row].as_py()
 
 
-def test_an_undecodable_row_is_counted_per_client_in_the_run_folder(tiny_corpus, tmp_path):
+def test_an_undecodable_row_is_counted_per_client_for_the_operator_only(tiny_corpus, tmp_path):
+    from cluster_fl.engine.operator_log import operator_path, read_operator_log
     from cluster_fl.engine.train import run_training
 
     corpus = tmp_path / "corpus"
@@ -62,10 +64,16 @@ def test_an_undecodable_row_is_counted_per_client_in_the_run_folder(tiny_corpus,
         cfg = tiny_config(corpus, tmp_path / attempt, *extra)
         with pytest.warns(Warning, match=bad):
             folder = run_training(cfg)
-        skipped = json.loads((folder / "skipped.json").read_text())
+        skipped = json.loads(operator_path(folder, ".skipped.json").read_text())
         assert skipped["skipped"] == 1
         assert skipped["per_client"] == {f"de/{speaker}": 1}
         assert skipped["rows"][0]["utterance_id"] == bad and skipped["rows"][0]["reason"]
+        events = read_operator_log(folder)
+        assert any(f"skipped unusable corpus row {bad}" in e.get("message", "") for e in events)
+        assert [e["skipped_utterances"] for e in events if e["event"] == "done"] == [1]
         final = pq.read_table(folder / "final.parquet").to_pylist()[0]
-        assert final["skipped_utterances"] == 1 and final["empty_rounds"] == 0
-        assert f"skipped unusable corpus row {bad}" in (folder / "log.txt").read_text()
+        assert not {"skipped_utterances", "empty_rounds", "wall_s"} & set(final)
+        assert not (folder / "skipped.json").exists()
+        for path in folder.rglob("*"):  # neither the row nor its speaker's count is released
+            if path.is_file() and path.suffix in (".txt", ".json", ".yaml"):
+                assert bad not in path.read_text(), path

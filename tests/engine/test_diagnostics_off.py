@@ -1,10 +1,11 @@
 """``privacy.diagnostics: off``: the run releases only the update.
 
 The round's metrics row holds no statistic of the clients (no loss, clip rate, norm or count),
-the secure sum carries only the counters the empty-round flag is read from, nothing is noised for
-diagnostics and the accountant charges nothing for them; training itself is untouched (the
-released update is bitwise the one a run with noised diagnostics releases). ``on`` is the default
-``noised``, so default run ids stay as they were.
+the secure sum carries nothing of them beside the update, nothing is noised for diagnostics and
+the accountant charges nothing for them; training itself is untouched (the released update is
+bitwise the one a run with noised diagnostics releases). A round in which no client contributed
+is told to the operator only (:attr:`RoundOutput.operator`), never in the row. ``on`` is the
+default ``noised``, so default run ids stay as they were.
 """
 
 from __future__ import annotations
@@ -29,11 +30,12 @@ def _round(*extra):
 
 
 def test_off_releases_no_client_statistic_and_trains_exactly_as_noised():
-    _, engine, off = _round("privacy.diagnostics=off")
-    _, _, noised = _round("privacy.diagnostics=noised")
+    # one run id for both: the noise streams are scoped by it (two configs, two streams)
+    _, engine, off = _round("privacy.diagnostics=off", "run.run_id=same")
+    _, _, noised = _round("privacy.diagnostics=noised", "run.run_id=same")
     leaked = [k for k in off.row if k.startswith(CLIENT_STATISTICS)]
     assert leaked == [] and off.row["diagnostics"] == "off"
-    assert engine.summer.fields["diag"].numel == 3 and engine.diag.noise_std == 0.0
+    assert "diag" not in engine.summer.fields and engine.diag.noise_std == 0.0
     assert any(k.startswith("clip_rate/") for k in noised.row)  # the noised run does release them
     assert {k: v for k, v in off.row.items() if k.startswith("threshold/")} == \
         {k: v for k, v in noised.row.items() if k.startswith("threshold/")}
@@ -41,21 +43,24 @@ def test_off_releases_no_client_statistic_and_trains_exactly_as_noised():
         assert torch.equal(off.state[g.name], noised.state[g.name]), g.name
 
 
-def test_an_empty_round_is_still_flagged_with_diagnostics_off():
+def test_an_empty_round_is_told_to_the_operator_only_with_diagnostics_off():
     def nan(client, round_):
         return {s.name: torch.full(s.shape, float("nan")) for s in FAKE_GROUPS}
 
     cfg = engine_config("fl.clients_per_round=4", "privacy.diagnostics=off")
-    assert make_engine(cfg, FakeRunner(nan), 6).run_round(1, zero_state()).row["empty"] == 1
+    out = make_engine(cfg, FakeRunner(nan), 6).run_round(1, zero_state())
+    assert out.operator["trained"] == 4 and out.operator["nonfinite"] == 4
+    assert set(out.row) == {"diagnostics", "round", "denominator"} | {
+        k for k in out.row if k.startswith("threshold/")}
     _, _, out = _round("privacy.diagnostics=off")
-    assert out.row["empty"] == 0
+    assert out.operator["trained"] == 4 and out.operator["nonfinite"] == 0
 
 
 def test_off_is_not_charged_by_the_accountant():
     cfg, _, _ = _round("privacy.diagnostics=off")
     ledger = ledger_for(cfg, 6)
     ledger.step(rounds=10)
-    assert ledger.diagnostics_noise_multiplier is None and ledger.guarantee == "valid"
+    assert ledger.diagnostics_noise_multiplier is None and ledger.guarantee == "simulation"
     update_only = compute_epsilon(1.0, 4 / 6, 10, cfg.privacy.delta, sampling="fixed",
                                   population=6, cohort_size=4)
     assert ledger.epsilon() == update_only

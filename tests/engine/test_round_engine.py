@@ -9,7 +9,11 @@ Gaussian noise added once on rank 0 with the public denominator, server step.
 - With zero updates the released mean is pure noise: its empirical variance matches σ²C²/n² for
   1 process and for 2 gloo ranks (χ² interval, false-alarm rate 1e-6 per check), and the 2-rank
   release is bit-identical to the 1-process one -- which rules out noise drawn on every rank
-  (that would be 2σ²C²/n², far outside the interval).
+  (that would be 2σ²C²/n², far outside the interval). At C = 0.5 too, where a noise std of σ
+  instead of σ·C would show as a variance 4x too large.
+- No rank receives the clean sum: what each of 2 gloo ranks decodes from the secure-sum
+  all-reduce is the noised total, identical on both ranks and to 1 process, and differs from
+  the clean sum of the clipped updates in every coordinate by N(0, σ²C²).
 - A NaN/Inf client contributes exactly zero and is counted in ``n_nonfinite``.
 - Adaptive policies (EMA, quantile, and the paper's non-private EMA) run and adapt.
 """
@@ -22,7 +26,8 @@ import pytest
 import torch
 
 from engine_helpers import (FAKE_GROUPS, FakeRunner, chi2_interval, engine_config, flat,
-                            make_engine, noise_worker, norm, random_update, zero_state)
+                            make_engine, noise_worker, norm, random_update, received_worker,
+                            zero_state)
 
 from cluster_fl.dist import LocalComm, bitwise_differences, spawn
 
@@ -89,12 +94,60 @@ def test_released_mean_of_zero_updates_has_variance_sigma2_c2_over_n2_once(noise
         assert lo < ratio < hi, (name, ratio, lo, hi)
 
 
+def test_released_noise_scales_with_the_clip_norm_at_c_one_half():
+    sigma, c = 0.7, 0.5
+    run = noise_worker(LocalComm(), N, sigma, 2, clip_norm=c)
+    lo, hi = chi2_interval(run["means"].numel(), FALSE_ALARM)
+    assert 0.25 < lo and hi < 4.0  # separates std σ·C from std σ (variance x 1/C² = 4)
+    ratio = float((run["means"] ** 2).mean()) / (sigma * c / N) ** 2
+    assert lo < ratio < hi, (ratio, lo, hi)
+
+
+def test_no_rank_receives_the_clean_sum_only_the_noised_total():
+    sigma, c = 0.8, 0.5
+    clean = received_worker(LocalComm(), N, 0.0)["received"][0]
+    one = received_worker(LocalComm(), N, sigma)
+    two = spawn(received_worker, 2, N, sigma, timeout_s=120)
+    assert all(len(run["received"]) == 1 for run in (one, *two))  # one all-reduce a round
+    names = [g.name for g in FAKE_GROUPS]
+    for rank, run in enumerate(two):
+        got = run["received"][0]
+        assert bitwise_differences(got, one["received"][0]) == [], rank
+        resid = flat(got, names) - flat(clean, names)
+        assert bool((resid != 0).all()), rank  # the noise is in every coordinate received
+        lo, hi = chi2_interval(resid.numel(), FALSE_ALARM)
+        assert lo < float((resid ** 2).mean()) / (sigma * c) ** 2 < hi, rank
+        # a rank's own partial is its clients' alone: it trained some, not the whole cohort
+        assert flat(run["partials"][0], names).abs().sum() > 0
+    assert bitwise_differences(one["mean"], two[1]["mean"]) == []
+
+
 def test_two_ranks_split_the_cohort_and_release_the_same_noise_as_one_process(noise_runs):
     _, one, two = noise_runs
     assert one["trained"] == sorted(two[0]["trained"] + two[1]["trained"])
     assert two[0]["trained"] and two[1]["trained"], "the cohort was not split over the ranks"
     assert bitwise_differences(two[0]["means"], two[1]["means"]) == []
     assert bitwise_differences(one["means"], two[0]["means"]) == []
+
+
+def test_grid_cells_that_share_a_seed_never_share_noise():
+    """Research noise is scoped by the run id: two methods with one seed (two cells of a grid)
+    draw independent noise -- the difference of their releases is no exact difference of sums --
+    while the same cell reproduces its own bit for bit."""
+    from engine_helpers import BIG_GROUPS
+
+    def released(method):
+        cfg = engine_config(f"privacy.clipping={method}", "run.seed=4", "privacy.noise_multiplier=1",
+                            f"fl.clients_per_round={N}")
+        zero = FakeRunner(lambda c, r: {s.name: torch.zeros(s.shape) for s in BIG_GROUPS})
+        engine = make_engine(cfg, zero, N, groups=BIG_GROUPS)
+        state = {s.name: torch.zeros(s.shape, dtype=torch.float64) for s in BIG_GROUPS}
+        return flat(engine.run_round(1, state).state, [s.name for s in BIG_GROUPS])
+
+    flat_a, flat_b, size = released("flat"), released("flat"), released("size")
+    assert torch.equal(flat_a, flat_b)
+    # |corr| of 12,000 independent pairs above 0.05 has probability < 1e-6
+    assert abs(float(torch.corrcoef(torch.stack([flat_a, size]))[0, 1])) < 0.05
 
 
 def test_noise_is_fresh_per_round(noise_runs):
@@ -156,14 +209,16 @@ def test_a_round_row_has_the_run_folder_columns(diagnostics):
     alpha = 0.25
     _, row = _mean_update((f"privacy.diagnostics={diagnostics}", f"privacy.alpha={alpha}"),
                           random_update)
-    need = {"round", "loss", "n_clients", "n_skipped", "n_nonfinite", "wall_s", "total_norm",
-            "clip_rate"}
+    need = {"round", "loss", "n_clients", "n_skipped", "n_nonfinite", "total_norm", "clip_rate",
+            "denominator"}
     for pool in POOLS:
         need |= {f"{k}/{pool}" for k in ("clip_rate", "retained", "mean_norm", "threshold")}
     need |= {f"threshold/{g.name}" for g in FAKE_GROUPS}
     if diagnostics == "exact":
         need |= {f"norm/{g.name}" for g in FAKE_GROUPS}
     assert need <= set(row), sorted(need - set(row))
+    # exact facts of the round never enter the released row (the operator log has them)
+    assert not {"n_cohort", "empty", "wall_s"} & set(row)
     assert row["threshold/encoder"] == pytest.approx(math.sqrt(alpha))
     assert row["threshold/decoder"] == pytest.approx(math.sqrt(1 - alpha))
     if diagnostics == "exact":

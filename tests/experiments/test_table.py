@@ -115,7 +115,7 @@ def test_privacy_table_rows_have_as_many_cells_as_its_header_without_pools(tmp_p
     start = next(i for i, line in enumerate(lines) if line.startswith("| arch | condition | method"))
     table = [line for line in lines[start:] if line.startswith("|")]
     assert len({line.count("|") for line in table}) == 1, table
-    assert lines[start].rstrip().endswith("| δ |")
+    assert lines[start].rstrip().endswith("| δ | guarantee |")
 
 
 def test_per_layer_and_per_matrix_groups_are_separate_cells_and_flat_has_no_grouping(tmp_path):
@@ -164,3 +164,38 @@ def test_pool_configurations_and_inside_rules_are_separate_cells(tmp_path):
     methods = sorted(c.method for c in summarise(find_runs([tmp_path]), resamples=10))
     assert methods == ["alpha-split α=0.1", "alpha-split α=0.1 inside ema per-layer",
                        "pools 0.128/0.689/0.183", "pools 0.2/0.8", "pools 0.2/0.8 inside uniform"]
+
+
+def _with_guarantee(folder, guarantee, secure):
+    """Rewrite a fake run's final row with its recorded guarantee and privacy.secure_mode."""
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    row = pq.read_table(folder / "final.parquet").to_pylist()[0]
+    row.update(guarantee=guarantee, config_json=json.dumps({"privacy": {"secure_mode": secure}}))
+    if secure:
+        row["seed"] = None
+    pq.write_table(pa.Table.from_pylist([row]), folder / "final.parquet")
+
+
+def test_research_runs_are_tabled_as_simulation_and_secure_runs_as_valid(tmp_path, capsys):
+    _with_guarantee(write_run(tmp_path / "research", method="flat", seed=0), "simulation", False)
+    # a record from before research runs were told apart: "valid" without secure mode
+    _with_guarantee(write_run(tmp_path / "old", method="size", seed=0), "valid", False)
+    _with_guarantee(write_run(tmp_path / "secure", method="uniform", seed=0), "valid", True)
+    _with_guarantee(write_run(tmp_path / "void", method="quantile", seed=0), "void", False)
+    assert main(["table", str(tmp_path), "--bootstrap", "20"]) == 0
+    rows = {r["method"]: r["guarantee"] for r in _privacy_rows(capsys.readouterr().out)}
+    assert rows == {"flat": "simulation", "size": "simulation", "uniform": "valid",
+                    "quantile": "void"}
+    # a cell mixing a secure and a research seed says the weaker
+    _with_guarantee(write_run(tmp_path / "mixed", method="uniform", seed=1), "simulation", False)
+    out = tmp_path / "t.csv"
+    assert main(["table", str(tmp_path), "--format", "csv", "--out", str(out),
+                 "--bootstrap", "20"]) == 0
+    import csv
+
+    cells = {r["method"]: r["guarantee"] for r in csv.DictReader(out.read_text().splitlines())}
+    assert cells["uniform"] == "simulation" and cells["flat"] == "simulation"

@@ -8,7 +8,8 @@ really writes:
 - the noise the audit measures (n·release − Σ w_i·clipped_i, with ``aggregation.weighting:
   samples``) is, coordinate for coordinate, the noise the engine drew (regenerated from the
   research-mode seed): the recording, the weights and the denominator agree; with the weights
-  ignored it is not;
+  ignored it is not (the research noise regenerated from the seed and the run's id, its scope);
+- the released record holds no exact count and no timing (the side_stats cells that scan it);
 - the report's encoder σ is the α-split encoder pool's σ/√α;
 - a synthetic run folder (audit/synthetic.py) has the engine's files, keys and dtypes.
 """
@@ -60,6 +61,11 @@ def test_cluster_fl_audit_reads_the_engines_recording(recorded, tmp_path, capsys
     canary = next(a for a in release["attacks"] if a["attack"] == "canary_epsilon")
     assert canary["status"] == "measured", canary
     assert canary["canary"]["noise_source"].startswith("measured")
+    side = next(c for c in rep["channels"] if c["channel"] == "side_stats")
+    for attack in ("exact_counts", "timing"):  # the channels issue 28 removed, measured: gone
+        cell = next(a for a in side["attacks"] if a["attack"] == attack)
+        assert cell["status"] == "measured" and cell["verdict"] == "pass", cell
+        assert cell["positive_control"]["fired"] and not cell["negative_control"]["fired"]
     assert rep["privacy"]["encoder_pool"] == "encoder"
     assert rep["privacy"]["encoder_sigma"] == pytest.approx(0.5 / math.sqrt(cfg.privacy.alpha))
 
@@ -75,7 +81,7 @@ def test_the_noise_the_audit_measures_is_the_noise_the_engine_drew(recorded):
     std = cfg.privacy.noise_multiplier * cfg.privacy.clip_norm
     drawn = np.stack([np.concatenate([
         noise.gaussian(tuple(rec.releases["noised_mean"][g].shape[1:]), std, round=int(r),
-                       stream=g, dtype=torch.float64).numpy().ravel()
+                       stream=f"{run.name}/{g}", dtype=torch.float64).numpy().ravel()
         for g in rec.releases["noised_mean"]]) for r in rec.releases["rounds"]])
     assert measured.shape == drawn.shape and measured.shape[0] == 2
     error = np.abs(measured - drawn).max()

@@ -11,6 +11,7 @@ import pytest
 from dp_accounting import pld, rdp
 
 from cluster_fl.errors import UserError
+from cluster_fl.privacy.accounting import GUARANTEE_ORDER, GUARANTEES
 from cluster_fl.privacy import (PrivacyLedger, combined_noise_multiplier, compute_epsilon,
                                 make_policy, noise_multiplier_for_epsilon)
 from privacy_helpers import privacy, speech_groups
@@ -95,7 +96,8 @@ def test_ledger_steps_record_and_serialise():
                 "events", "pools", "guarantee", "void_reasons"):
         assert key in rec
     assert rec["rounds"] == 30 and len(rec["events"]) == 1 and rec["events"][0]["rounds"] == 30
-    assert rec["guarantee"] == "valid" and rec["void_reasons"] == []
+    # research mode (the default): the mechanism's ε, recorded as a simulation
+    assert rec["guarantee"] == "simulation" and rec["void_reasons"] == []
     assert rec["epsilon"] == pytest.approx(direct_poisson(1.0, 0.01, 30, 1e-5), rel=1e-9)
     sig = {p["name"]: p["effective_noise_multiplier"] for p in rec["pools"]}
     assert sig == {"encoder": pytest.approx(1 / math.sqrt(0.05)),
@@ -119,6 +121,23 @@ def test_ledger_state_round_trip_gives_identical_epsilon(tmp_path):
     assert resumed.epsilon() == full.epsilon() and resumed.rounds == 12
     resumed.write(tmp_path / "privacy.json")
     assert json.loads((tmp_path / "privacy.json").read_text())["rounds"] == 12
+
+
+def test_secure_mode_is_valid_research_mode_a_simulation_with_the_same_epsilon():
+    eps = {}
+    for secure, expected in ((True, "valid"), (False, "simulation")):
+        ledger = PrivacyLedger(privacy(noise_multiplier=1.0, secure_mode=secure),
+                               sampling_rate=0.02)
+        ledger.step(rounds=40)
+        rec = ledger.to_json()
+        assert rec["guarantee"] == expected
+        assert rec["guarantee_note"] == GUARANTEES[expected]
+        eps[expected] = rec["epsilon"]
+    # the mechanism is the same: what differs is who can regenerate its noise
+    assert eps["valid"] == eps["simulation"] == pytest.approx(direct_poisson(1.0, 0.02, 40, 1e-5),
+                                                             rel=1e-9)
+    assert GUARANTEE_ORDER.index("void") < GUARANTEE_ORDER.index("simulation") \
+        < GUARANTEE_ORDER.index("valid")
 
 
 def test_guarantee_none_and_zero_noise():

@@ -7,7 +7,10 @@ Points (K = a round number):
 * ``round:K`` -- round K has run, its checkpoint is not written yet;
 * ``renamed:K`` -- round K's checkpoint has just been renamed into place;
 * ``tmpwrite:K`` -- half of round K's checkpoint is in its temporary file, not renamed;
-* ``eval`` -- the final evaluation has started (every round checkpointed).
+* ``eval`` -- the final evaluation has started (every round checkpointed);
+* ``eval-twice`` -- as ``eval``, and when the engine then records ``preempted`` in status.json
+  the driver sends itself a second SIGTERM inside that write (the probe's two signals 1 ms apart,
+  made deterministic).
 
 At the point it prints ``AT POINT`` on stdout and waits (at most 120 s) while the engine's signal
 handler may run: an immediate stop raises out of the wait; a deferred one (a round) lets the
@@ -99,7 +102,7 @@ elif KIND == "tmpwrite":
 
     checkpoint.atomic_write_bytes = atomic_write_bytes
     train.save_run_checkpoint = save_run_checkpoint
-elif KIND == "eval":
+elif KIND in ("eval", "eval-twice"):
     _decode = evaluation.ShardedEvaluation.decode
 
     def decode(self, model, placement):
@@ -107,6 +110,18 @@ elif KIND == "eval":
         return _decode(self, model, placement)
 
     evaluation.ShardedEvaluation.decode = decode
+    if KIND == "eval-twice":
+        import os
+        import signal
+
+        _write_status = train.write_status
+
+        def write_status(folder, state, *args, **kwargs):
+            if state == "preempted":  # the second signal lands inside the status write
+                os.kill(os.getpid(), signal.SIGTERM)
+            return _write_status(folder, state, *args, **kwargs)
+
+        train.write_status = write_status
 else:
     raise SystemExit(f"driver: unknown point {POINT}")
 

@@ -77,13 +77,19 @@ def result(folder: Path) -> dict[str, Any]:
     final = rows("final.parquet")
     for r in final:  # the resolved config differs in run.out only
         r.pop("config_json", None)
+    import json
+
+    ledger = json.loads((folder / "privacy.json").read_text())  # T, ε, rounds started
+    privacy = {k: ledger[k] for k in ("rounds", "rounds_started", "epsilon", "guarantee")}
     return {"state": ckpt["state"], "checkpoint_round": ckpt["round"],
-            "rounds": rows("rounds.parquet"), "final": final, "eval": rows("eval.parquet")}
+            "rounds": rows("rounds.parquet"), "final": final, "eval": rows("eval.parquet"),
+            "privacy": privacy}
 
 
-def assert_identical(folder: Path, reference: dict[str, Any], ignore: tuple[str, ...] = ()
-                     ) -> None:
-    """``ignore``: final-row columns allowed to differ (``run_id`` when the corpus path does)."""
+def assert_identical(folder: Path, reference: dict[str, Any], ignore: tuple[str, ...] = (),
+                     rows_ignore: tuple[str, ...] = ()) -> None:
+    """``ignore``: final-row columns allowed to differ (``run_id`` when the corpus path does);
+    ``rows_ignore``: round-row columns allowed to differ."""
     from cluster_fl.dist import bitwise_differences
 
     got = result(folder)
@@ -91,9 +97,11 @@ def assert_identical(folder: Path, reference: dict[str, Any], ignore: tuple[str,
     got["final"] = [{k: v for k, v in r.items() if k not in ignore} for r in got["final"]]
     reference["final"] = [{k: v for k, v in r.items() if k not in ignore}
                           for r in reference["final"]]
+    for d in (got, reference):
+        d["rounds"] = [{k: v for k, v in r.items() if k not in rows_ignore} for r in d["rounds"]]
     assert [r["round"] for r in got["rounds"]] == list(range(1, ROUNDS + 1))  # each row once
     assert bitwise_differences(got["state"], reference["state"]) == []
-    for key in ("rounds", "final", "eval"):
+    for key in ("rounds", "final", "eval", "privacy"):
         assert bitwise_differences(got[key], reference[key]) == [], key
     assert status(folder)["state"] == "done"
     assert temp_files(folder) == []

@@ -1,6 +1,12 @@
 """Truncated files: a checkpoint, a corpus shard, a run's config.yaml, a results file under
 ``table``, a feature-cache file. Each ends in one line naming the file (exit 2, status ``failed``)
 or, where the run can go on (a cache file), in the identical result.
+
+Restarting from round 1 after deleting a damaged checkpoint keeps the run's write-ahead privacy
+ledger: the rounds it had released stay charged. In research mode the rerun reproduces them bit
+for bit, so T stays the rounds run and the result is the uninterrupted one -- except that the
+rows of the rounds run again report the ε already spent (the conservative figure), not the ε the
+first attempt had spent by then.
 """
 
 from __future__ import annotations
@@ -10,7 +16,7 @@ import os
 import shutil
 
 from reliability_helpers import (assert_identical, config_file, folder_of, one_line_error,
-                                 status, train_in_process)
+                                 result, status, train_in_process)
 
 from cluster_fl.cli import main
 
@@ -44,7 +50,11 @@ def test_a_truncated_checkpoint_is_one_line_then_deleting_it_reruns_identically(
     assert st["state"] == "failed" and str(ckpt) in st["error"]
     shutil.rmtree(ckpt.parent)  # what the message says to do
     train_in_process(tiny_corpus, tmp_path)
-    assert_identical(folder, reference)
+    assert_identical(folder, reference, rows_ignore=("epsilon",))
+    spent = json.loads((folder / "privacy.json").read_text())
+    assert spent["rounds"] == 3 and spent["epsilon"] == reference["privacy"]["epsilon"]
+    rows = [r["epsilon"] for r in result(folder)["rounds"]]
+    assert rows == [spent["epsilon"]] * 3  # already spent before the restart
 
 
 def test_a_truncated_config_in_the_run_folder_is_one_line(tiny_corpus, tmp_path, reference,
@@ -82,11 +92,14 @@ def test_a_truncated_results_file_under_table_is_one_line_naming_it(reference, t
 
 def test_a_truncated_feature_cache_file_is_recomputed_and_the_run_is_identical(
         tiny_corpus, tmp_path, reference):
+    # the corpus's path is in the run id, and the run id scopes the noise: the comparison is
+    # with a run on the same copy whose cache is intact
     corpus = tmp_path / "corpus"
     shutil.copytree(tiny_corpus, corpus)
     cached = sorted((corpus / "features").rglob("*.pt"))
     assert cached, "the reference run fills the corpus's feature cache"
+    intact = train_in_process(corpus, tmp_path / "intact")
     for path in cached:
         _truncate(path)
-    folder = train_in_process(corpus, tmp_path)
-    assert_identical(folder, reference, ignore=("run_id",))  # data.corpus is in the id
+    folder = train_in_process(corpus, tmp_path / "recomputed")
+    assert_identical(folder, {"folder": intact, **result(intact)})
