@@ -6,8 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from cluster_fl.commands import add_config_arguments
-from cluster_fl.config import load_config
+from cluster_fl.commands import add_config_arguments, load_checked
 from cluster_fl.experiments.plan import PROFILES, format_plan, plan
 
 
@@ -28,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Print the plan; exit 0 whether or not something fits (the message says which)."""
-    cfg = load_config(args.config, args.overrides)
+    cfg = load_checked(args.config, args.overrides)
     result = plan(cfg, args.gpus, args.gpu_memory, args.seconds, args.text_tokens, args.device)
     print(json.dumps(result, indent=1) if args.json else format_plan(result))
     return 0

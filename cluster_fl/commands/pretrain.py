@@ -7,8 +7,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from cluster_fl.commands import add_config_arguments
-from cluster_fl.config import load_config
+from cluster_fl.commands import add_config_arguments, load_checked
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -24,7 +23,7 @@ def run(args: argparse.Namespace) -> int:
 
     from cluster_fl.training.pretrain import pretrain
 
-    cfg = load_config(args.config, args.overrides)
+    cfg = load_checked(args.config, args.overrides)
     torch.set_num_threads(cfg.run.threads or (os.cpu_count() or 1))
     result = pretrain(cfg, force=args.force)
     print(f"checkpoint: {result['out']}  (step {result['step']}, held-out WER {result['wer']:.3f})")

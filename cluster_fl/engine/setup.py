@@ -24,6 +24,7 @@ from cluster_fl.engine.round import ClientData, RoundEngine
 from cluster_fl.engine.rundir import run_dir, run_id
 from cluster_fl.engine.server import ServerOptimizer
 from cluster_fl.errors import UserError
+from cluster_fl.models.registry import feature_shape, resolve_shapes
 from cluster_fl.seeding import derive_seed
 
 
@@ -119,6 +120,21 @@ class World:
         return row
 
 
+def check_extractor(model_cfg: Any) -> None:
+    """The local checkpoint's feature extractor (preprocessor_config.json) is the one
+    :mod:`cluster_fl.data.features` computes -- 16 kHz, hop 160, FFT 400 -- or the run is refused
+    naming both values: a model trained on other frames would get features it never saw."""
+    from cluster_fl.data.features import HOP, N_FFT, SAMPLE_RATE
+
+    shape = feature_shape(model_cfg)
+    ours = {"sampling_rate": SAMPLE_RATE, "hop_length": HOP, "n_fft": N_FFT}
+    for key, value in ours.items():
+        if getattr(shape, key) != value:
+            raise UserError(f"model.arch {model_cfg.arch}: the checkpoint's feature extractor "
+                            f"has {key} {getattr(shape, key)} ({shape.source}), the features "
+                            f"are computed with {value} (cluster_fl.data.features)")
+
+
 def load_clients(cfg: Config, log: Callable[[str], None] | None = None
                  ) -> tuple[Any, list[ClientData], list]:
     """Feature store, federated clients (lazy features) and the evaluation set's metadata
@@ -126,6 +142,8 @@ def load_clients(cfg: Config, log: Callable[[str], None] | None = None
     is an error, unless ``data.allow_missing_languages`` (then ``log`` says which)."""
     from cluster_fl.data import FeatureStore, find_shards, load_utterances, partition_clients
 
+    cfg = resolve_shapes(cfg)  # data.n_mels: the model's
+    check_extractor(cfg.model)
     d = cfg.data
     root = os.path.expanduser(d.corpus)
     if not os.path.isdir(root):
@@ -160,6 +178,7 @@ def build_world(cfg: Config, comm: Any, log: Callable[[str], None]) -> World:
                                    trainable_parameters)
     from cluster_fl.privacy import ledger_for, make_policy, noise_for
 
+    cfg = resolve_shapes(cfg)
     store, clients, eval_utts = load_clients(cfg, log if comm.rank == 0 else None)
     # unusable corpus rows are found while features load (a client's turn, the evaluation);
     # train.py logs them by id and counts them per client in the run folder (skipped.json)

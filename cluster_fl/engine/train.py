@@ -85,6 +85,9 @@ def run_training(cfg: Config, comm: Any = None) -> Path:
     :class:`~cluster_fl.errors.UserError` for problems the user can fix; either way rank 0 has
     recorded the outcome in status.json.
     """
+    from cluster_fl.models.registry import resolve_shapes  # JSON only: data.n_mels of the model
+
+    cfg = resolve_shapes(cfg)
     folder = run_dir(cfg)
     # From the first moment: a signal during setup or evaluation stops at once (Stopped), one
     # during a round stops at the round's end (the loop makes the flag deferred).

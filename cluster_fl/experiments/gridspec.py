@@ -196,6 +196,8 @@ def cell_name(choice: Mapping[str, str]) -> str:
 
 def expand(grid: Grid, extra: Mapping[str, Any] | None = None) -> list[RunSpec]:
     """Every cell x seed of a grid, each with its validated config (``extra`` overrides last)."""
+    from cluster_fl.models.registry import resolve_shapes
+
     base = load_config(grid.base) if grid.base else Config()
     names = list(grid.axes)
     specs: list[RunSpec] = []
@@ -215,7 +217,7 @@ def expand(grid: Grid, extra: Mapping[str, Any] | None = None) -> list[RunSpec]:
             changes.update({"run.seed": None if secure else seed, "run.experiment": grid.experiment,
                             "run.out": grid.out, "run.run_id": f"{cell}__s{seed}"})
             try:
-                cfg = replace(base, changes)
+                cfg = resolve_shapes(replace(base, changes))  # data.n_mels: the model's
             except ConfigError as exc:
                 raise ConfigError(exc.key, f"in cell {cell}: {exc}") from None
             specs.append(RunSpec(cell=cell, axes=choice, seed=seed, overrides=changes, config=cfg))

@@ -168,7 +168,9 @@ def plan(cfg: Config, gpus: int, gpu_memory_gib: float, seconds: float = 15.0,
          text_tokens: int = 64, device: str = "cuda") -> dict[str, Any]:
     """The ``plan --json`` object (module docstring) for ``cfg`` on ``gpus`` GPUs."""
     from cluster_fl.models import apply_lora, build_skeleton
+    from cluster_fl.models.registry import resolve_shapes
 
+    cfg = resolve_shapes(cfg)
     if gpus < 1:
         raise UserError(f"--gpus: got {gpus}; a plan needs at least one GPU")
     if not gpu_memory_gib > 0 or not math.isfinite(gpu_memory_gib):

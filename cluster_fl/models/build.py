@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -15,7 +14,7 @@ from torch import nn
 
 from cluster_fl.config import ModelConfig
 from cluster_fl.errors import UserError
-from cluster_fl.models.registry import ArchSpec, get_arch
+from cluster_fl.models.registry import ArchSpec, get_arch, local_config
 from cluster_fl.models.speech_llm import SpeechLLM, StackConnector, VoxtralConnector
 from cluster_fl.models.tokenizer import CharTokenizer, HFTokenizer, Tokenizer
 
@@ -37,25 +36,14 @@ def _quiet_transformers() -> contextlib.AbstractContextManager:
     return ctx()
 
 
-def _local_config(path: str | None) -> dict[str, Any] | None:
-    """A local config.json's contents (cheap dimension source), or None."""
-    if path is None:
-        return None
-    p = Path(path).expanduser() / "config.json"
-    if p.is_file():
-        import json
-        return json.loads(p.read_text())
-    return None
-
-
 def _configs(spec: ArchSpec, vocab_size: int | None, model_cfg: ModelConfig):
     """(encoder config, decoder LlamaConfig) from the registry, overridden by local config.json."""
     from transformers import LlamaConfig, VoxtralEncoderConfig, WhisperConfig
 
     enc_kw, dec_kw = dict(spec.encoder), dict(spec.decoder)
     if not spec.tiny:
-        local_enc, local_dec = (_local_config(model_cfg.encoder_path),
-                                _local_config(model_cfg.decoder_path))
+        local_enc, local_dec = (local_config(model_cfg.encoder_path),
+                                local_config(model_cfg.decoder_path))
         if spec.family == "voxtral" and local_dec is not None:
             local_enc, local_dec = local_dec.get("audio_config"), local_dec.get("text_config")
         if local_enc is not None:
@@ -130,7 +118,22 @@ def build_base(model_cfg: ModelConfig, tokenizer: Tokenizer | None = None) -> Sp
             model.reset_positions()
             _scale_up_convs(model)
             return model
-        return _load_real(spec, model_cfg, tokenizer)
+        model = _load_real(spec, model_cfg, tokenizer)
+    check_vocabulary(model, model_cfg)
+    return model
+
+
+def check_vocabulary(model: SpeechLLM, model_cfg: ModelConfig) -> None:
+    """Every id the tokenizer can produce has a row in the decoder's embedding table (a larger
+    tokenizer than the checkpoint's vocabulary fails only when such an id first appears)."""
+    tok = model.tokenizer
+    rows = model.decoder.get_input_embeddings().num_embeddings
+    top = max(len(tok) - 1, tok.pad_id, tok.bos_id, tok.eos_id)
+    if top >= rows:
+        where = model_cfg.tokenizer_path or model_cfg.decoder_path or "the tokenizer"
+        raise UserError(f"model.tokenizer_path: {where} has {len(tok)} tokens (largest id "
+                        f"{top}), the decoder's vocabulary {rows} rows; use the decoder's own "
+                        "tokenizer")
 
 
 def _load_real(spec: ArchSpec, model_cfg: ModelConfig, tokenizer: Tokenizer) -> SpeechLLM:
