@@ -76,6 +76,30 @@ def _tasks_on_node(tasks_per_node: str, node_id: int) -> int:
     return counts[min(node_id, len(counts) - 1)]
 
 
+def device_index(local_rank: int, local_world_size: int, visible: int) -> int:
+    """This rank's CUDA device among the ``visible`` ones (``torch.cuda.device_count()``, which
+    follows ``CUDA_VISIBLE_DEVICES``), for the ways launchers hand out GPUs:
+
+    * every task sees the node's GPUs (torchrun, ``--gpus-per-node``): ``cuda:LOCAL_RANK``;
+    * each task gets its own (SLURM ``--gpus-per-task=1``: one entry in ``CUDA_VISIBLE_DEVICES``):
+      ``cuda:0`` -- ``set_device(LOCAL_RANK)`` would fail for every local rank but the first;
+    * fewer GPUs than local ranks, shared (several ranks per GPU, gloo -- NCCL refuses two ranks
+      on one device): ranks packed evenly, ``LOCAL_RANK x visible // local ranks``.
+    """
+    if visible < 1:
+        raise ValueError("no visible CUDA device")
+    if not 0 <= local_rank < max(1, local_world_size):
+        raise ValueError(f"local rank {local_rank} outside [0, {local_world_size})")
+    if visible >= local_world_size:
+        return local_rank
+    return local_rank * visible // local_world_size
+
+
+def visible_devices(env: Mapping[str, str] | None = None) -> str | None:
+    """``CUDA_VISIBLE_DEVICES`` as the launcher set it (None when unset), for messages."""
+    return (os.environ if env is None else env).get("CUDA_VISIBLE_DEVICES")
+
+
 def slurm_port(job_id: str | int) -> int:
     """A port in [20000, 40000) derived from the job id, so every task of a job agrees on it."""
     return 20000 + int(job_id) % 20000

@@ -173,6 +173,17 @@ def load_clients(cfg: Config, log: Callable[[str], None] | None = None
     return store, out, eval_utts
 
 
+def sharded_from_meta(cfg: Config, layout: LaneLayout) -> bool:
+    """Whether this rank builds the base as a meta skeleton and loads only its shard: a real
+    architecture (weights from local checkpoints) in a sharded lane. Tiny random-init variants
+    and ``model.checkpoint`` (a tiny pretrain checkpoint) are built whole: a few MB, and their
+    random init is what every 1-vs-N comparison starts from."""
+    from cluster_fl.models import get_arch
+
+    return (layout.group_size > 1 and cfg.model.shard != "none" and cfg.model.checkpoint is None
+            and not get_arch(cfg.model.arch).tiny)
+
+
 def build_world(cfg: Config, comm: Any, log: Callable[[str], None]) -> World:
     from cluster_fl.models import (build_model, get_trainable, trainable_groups,
                                    trainable_parameters)
@@ -185,10 +196,12 @@ def build_world(cfg: Config, comm: Any, log: Callable[[str], None]) -> World:
     # Random init (LoRA A, and everything when no checkpoint) from (seed, "init") on every rank,
     # so all ranks -- and a 1-rank run -- start from the same global state.
     torch.manual_seed(derive_seed(cfg.run.seed, "init"))
-    model = build_model(cfg.model)
-    # device, dtype policy, activation checkpointing and lane sharding, from outside the model
     layout = LaneLayout(comm.world_size, cfg.model.shard_group_size, comm.rank)
-    device = resolve_device(cfg.run.device, comm.local_rank)
+    model = build_model(cfg.model, meta=sharded_from_meta(cfg, layout))
+    # device, dtype policy, activation checkpointing and lane sharding, from outside the model
+    device = resolve_device(cfg.run.device, comm.local_rank, comm.local_world_size)
+    if layout.group_size > 1:  # the lane's collectives (mesh, shards) start once all have loaded
+        comm.barrier(slow=True)
     placement = parallelize(model, cfg.model, device, layout)
     groups = trainable_groups(model)
     params = trainable_parameters(model)
