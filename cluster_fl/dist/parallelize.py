@@ -233,9 +233,17 @@ def apply_fsdp2(model: nn.Module, mesh: Any, device: torch.device) -> None:
     with torch.no_grad():
         for p in trainable:
             p.data = p.data.to(device)
-    for layer in _layers(model):
+    layers = _layers(model)
+    for layer in layers:
         fully_shard(layer, mesh=mesh, ignored_params=trainable & set(layer.parameters()))
     fully_shard(model, mesh=mesh, ignored_params=trainable)
+    if device.type == "cpu":
+        # gloo's all-gathers block the CPU that would compute meanwhile: prefetching the next
+        # layer in backward (FSDP2's default) overlaps nothing and holds a second unsharded
+        # layer (bench/lane_memory.py). A unit that "prefetches" itself -- already gathered --
+        # turns the default off.
+        for layer in layers:
+            layer.set_modules_to_backward_prefetch([layer])
     if any(p.is_meta for p in model.parameters()):
         load_shards(model, device)
     for method in ("loss", "audio_embeddings"):

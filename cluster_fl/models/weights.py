@@ -69,16 +69,17 @@ class SafetensorsFile:
             begin, end = begin + start * row_bytes, begin + max(start, stop) * row_bytes
             shape[0] = max(0, stop - start)
         out = torch.empty(shape, dtype=dtype)
-        view = out.view(-1).view(torch.uint8) if out.numel() else None
+        if not out.numel():
+            return out
+        buffer = memoryview(out.view(-1).view(torch.uint8).numpy())  # read straight into it
         fd = os.open(self.path, os.O_RDONLY)
         try:
             done = 0
-            while done < end - begin:  # pread may return less than asked
-                chunk = os.pread(fd, min(end - begin - done, 1 << 28), self.start + begin + done)
-                if not chunk:
+            while done < end - begin:  # a read may return less than asked
+                n = os.preadv(fd, [buffer[done:end - begin]], self.start + begin + done)
+                if n <= 0:
                     raise UserError(f"{self.path}: truncated at tensor {key!r}")
-                view[done:done + len(chunk)] = torch.frombuffer(bytearray(chunk), dtype=torch.uint8)
-                done += len(chunk)
+                done += n
         finally:
             os.close(fd)
         return out
