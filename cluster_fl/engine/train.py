@@ -229,7 +229,7 @@ def _record_end(folder: Path, cfg: Config, exc: BaseException, stopped: bool,
 
 def _train(cfg: Config, comm: Any, folder: Path, log: Log, stop: StopFlag,
            progress: dict, record: Config) -> Path:
-    from cluster_fl.engine import setup
+    from cluster_fl.engine import setup, startup
     from cluster_fl.engine.metrics import SkippedRows, progress_line, write_rows
 
     main = comm.rank == 0
@@ -251,6 +251,7 @@ def _train(cfg: Config, comm: Any, folder: Path, log: Log, stop: StopFlag,
         start_round = ckpt["round"] + 1
         progress["checkpoint_round"] = ckpt["round"]
         log(f"resumed from round {ckpt['round']}")
+    startup.check_start(comm, folder, start_round - 1)  # loading over everywhere, folder shared
     rounds = cfg.fl.rounds
     if main:
         write_status(folder, "running", start_round - 1, rounds)
