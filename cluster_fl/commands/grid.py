@@ -11,7 +11,8 @@ from __future__ import annotations
 import argparse
 
 from cluster_fl.config import parse_override
-from cluster_fl.experiments.grid import CLUSTERS, TrainFn, check_resources, plan, submit
+from cluster_fl.experiments.grid import (CLUSTERS, TrainFn, check_devices, check_resources, plan,
+                                         submit)
 from cluster_fl.experiments.gridspec import load_grid, run_folder
 from cluster_fl.experiments.round0 import score_round0
 from cluster_fl.experiments.status import format_states
@@ -38,6 +39,8 @@ def run(args: argparse.Namespace, train_fn: TrainFn | None = None) -> int:
     print(f"grid {grid.experiment}: {len(states)} runs under {grid.root}")
     print(format_states(states))
     if args.dry_run:
+        for line in check_devices(grid, todo, args.cluster):
+            print(line)
         if args.cluster == "slurm" and todo:
             check_resources(grid)
         for spec in todo:

@@ -100,6 +100,24 @@ def visible_devices(env: Mapping[str, str] | None = None) -> str | None:
     return (os.environ if env is None else env).get("CUDA_VISIBLE_DEVICES")
 
 
+def cpu_mask() -> set[int]:
+    """The CPUs this process may run on (its affinity mask: what srun --cpus-per-task, taskset or
+    a cgroup leave it), not the machine's count."""
+    try:
+        return set(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return set(range(os.cpu_count() or 1))
+
+
+def threads_per_rank(mine: set[int], peers: list[set[int]]) -> int:
+    """Intra-op threads for a rank whose mask is ``mine`` among the masks of the ranks on its
+    host (``peers``, itself included): its CPUs shared evenly with the ranks whose masks overlap
+    it. Disjoint masks (srun binding each task): all of its own; one mask for every local rank
+    (torchrun unbound, or under one srun task): CPUs / local ranks."""
+    sharing = sum(1 for other in peers if other & mine) or 1
+    return max(1, len(mine) // sharing)
+
+
 def slurm_port(job_id: str | int) -> int:
     """A port in [20000, 40000) derived from the job id, so every task of a job agrees on it."""
     return 20000 + int(job_id) % 20000

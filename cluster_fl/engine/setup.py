@@ -28,10 +28,20 @@ from cluster_fl.models.registry import feature_shape, resolve_shapes
 from cluster_fl.seeding import derive_seed
 
 
-def set_threads(cfg: Config, comm: Any) -> None:
-    """torch intra-op threads: ``run.threads`` or the cores shared evenly by local ranks."""
-    n = cfg.run.threads or max(1, (os.cpu_count() or 1) // max(1, comm.local_world_size))
+def set_threads(cfg: Config, comm: Any) -> int:
+    """torch intra-op threads: ``run.threads``, or this process's CPUs (its affinity mask, not
+    the machine's count) shared evenly with the ranks on its host whose masks overlap it.
+    Collective when several ranks run (their masks are gathered); returns the number."""
+    import socket
+
+    from cluster_fl.dist.launch import cpu_mask, threads_per_rank
+
+    mine, host = cpu_mask(), socket.gethostname()
+    masks = ([(host, sorted(mine))] if comm.world_size == 1 else
+             comm.all_gather_object((host, sorted(mine))))
+    n = cfg.run.threads or threads_per_rank(mine, [set(m) for h, m in masks if h == host])
     torch.set_num_threads(n)
+    return n
 
 
 class LazyExamples(Sequence):

@@ -175,6 +175,36 @@ def check_resources(grid: Grid) -> None:
                             f"{where} has at most {available}; no node can ever run it")
 
 
+def check_devices(grid: Grid, specs: Sequence[RunSpec], cluster: str) -> list[str]:
+    """No silent CPU: refuse a grid whose cells ask for a GPU the task does not request, and
+    return warnings (one line each) for cells that would quietly train on CPU on a machine or
+    partition that has GPUs. Called before anything is submitted (and by ``--dry-run``)."""
+    r = grid.resources
+    devices = {spec.config.run.device for spec in specs}
+    if "cuda" in devices and r.gpus_per_task == 0:
+        cell = next(s.cell for s in specs if s.config.run.device == "cuda")
+        raise UserError(f"run.device=cuda (cell {cell}) with resources.gpus_per_task=0: the task "
+                        "would be given no GPU and fail at its start; set resources.gpus_per_task "
+                        "(or run.device=cpu)")
+    if "auto" not in devices or r.gpus_per_task > 0 or cluster == "debug":
+        return []
+    if cluster == "slurm":
+        nodes = status_mod.slurm_nodes(r.partition)
+        has_gpus = bool(nodes) and any(n["gpus"] for n in nodes)
+        where = f"partition {r.partition}" if r.partition else "the default partition"
+    else:
+        import torch
+
+        has_gpus = torch.cuda.is_available()
+        where = "this machine"
+    if not has_gpus:
+        return []
+    cell = next(s.cell for s in specs if s.config.run.device == "auto")
+    return [f"warning: run.device=auto (cell {cell}) with resources.gpus_per_task=0 on {where}, "
+            "which has GPUs: the runs get no GPU and train on CPU; set resources.gpus_per_task "
+            "for GPUs or run.device=cpu to say CPU"]
+
+
 def executor_parameters(grid: Grid, cluster: str) -> dict[str, Any]:
     """submitit parameters for a grid's resources (generic + ``slurm_`` ones)."""
     r: Resources = grid.resources
@@ -194,6 +224,9 @@ def executor_parameters(grid: Grid, cluster: str) -> dict[str, Any]:
             "slurm_array_parallelism": r.array_parallelism,
             "slurm_signal_delay_s": r.signal_delay_s,
             "slurm_additional_parameters": {"requeue": True},
+            # since SLURM 22.05 srun does not inherit sbatch's --cpus-per-task: without it each
+            # task is bound to one CPU
+            "slurm_srun_args": [f"--cpus-per-task={r.cpus_per_task}"],
         })
         for key in ("partition", "account", "qos", "constraint"):
             if getattr(r, key):
@@ -229,6 +262,8 @@ def submit(grid: Grid, specs: Sequence[RunSpec], cluster: str, train_fn: TrainFn
     Returns the jobs and, for the runs waited for, ``run id -> reason`` of those that failed."""
     if not specs:
         return [], {}
+    for line in check_devices(grid, specs, cluster):
+        print(line, file=sys.stderr, flush=True)
     if cluster == "slurm":
         check_resources(grid)
     executor = make_executor(grid, cluster)

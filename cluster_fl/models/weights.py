@@ -170,7 +170,8 @@ class CheckpointWeights:
                 continue
             shape = self.shape(name)
             if shape is None:
-                raise UserError(f"{name}: not in the checkpoint ({', '.join(map(str, set(self.folders.values())))})")
+                folders = ", ".join(sorted(map(str, set(self.folders.values()))))
+                raise UserError(f"{name}: not in the checkpoint ({folders})")
             if tuple(shape) != tuple(p.shape):
                 raise UserError(f"{name}: the checkpoint holds shape {list(shape)}, the model "
                                 f"built from its config.json {list(p.shape)}")
