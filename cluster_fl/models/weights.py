@@ -182,3 +182,42 @@ def meta_parameters(model: torch.nn.Module) -> Iterator[tuple[str, torch.nn.Para
     for name, p in model.named_parameters():
         if p.is_meta:
             yield name, p
+
+
+class RandomWeights:
+    """Stand-in weights for a skeleton that has no checkpoint here: each tensor drawn from a
+    generator seeded by (``seed``, its name) -- N(0, 0.02) for matrices, ones for the weights of
+    norms, zeros for biases -- so any rank reading any rows of it gets the same values. For
+    shape-true smoke tests of presets whose checkpoints are not on this machine, and benches."""
+
+    def __init__(self, seed: int = 0):
+        self.seed = seed
+        self.shapes: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}
+
+    def check(self, model: torch.nn.Module) -> None:
+        """Record the shapes of ``model``'s meta parameters (nothing to compare them with)."""
+        for name, p in meta_parameters(model):
+            self.shapes[name] = (tuple(p.shape), p.dtype)
+
+    def locate(self, name: str) -> tuple[str, Path] | None:
+        return None if ".lora_" in name else (name, Path("<random>"))
+
+    def shape(self, name: str) -> tuple[int, ...] | None:
+        name = name.replace(".base_layer.", ".")
+        return self.shapes[name][0] if name in self.shapes else None
+
+    def read(self, name: str, start: int | None = None, stop: int | None = None
+             ) -> torch.Tensor:
+        import zlib
+
+        name = name.replace(".base_layer.", ".")  # LoRA's wrapper, as in the checkpoint
+        shape, dtype = self.shapes[name]
+        leaf = name.rsplit(".", 1)[-1]
+        if leaf == "bias":
+            full = torch.zeros(shape, dtype=dtype)
+        elif len(shape) == 1:
+            full = torch.ones(shape, dtype=dtype)
+        else:
+            g = torch.Generator().manual_seed(self.seed * 1_000_003 + zlib.crc32(name.encode()))
+            full = torch.empty(shape, dtype=dtype).normal_(0.0, 0.02, generator=g)
+        return full[start:stop] if full.dim() else full
