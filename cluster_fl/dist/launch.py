@@ -118,6 +118,49 @@ def threads_per_rank(mine: set[int], peers: list[set[int]]) -> int:
     return max(1, len(mine) // sharing)
 
 
+LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                      "MASTER_PORT", "GROUP_RANK", "ROLE_RANK", "TORCHELASTIC_RUN_ID")
+
+
+def single_process_env(env: Mapping[str, str], gpu: str | None = None) -> dict[str, str]:
+    """``env`` for a run started as its own process inside a task that packs several
+    (``resources.runs_per_gpu``): without the launcher's rank variables (torchrun's and SLURM's
+    task ids), so the run is a world of one instead of rank 0 of the task's job -- several
+    runs would otherwise rendezvous on the job's one port -- and, with ``gpu``, seeing only that
+    GPU (``CUDA_VISIBLE_DEVICES``)."""
+    drop = set(LAUNCHER_VARIABLES) | {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",
+                                       "SLURM_NODEID"}
+    out = {k: v for k, v in env.items() if k not in drop}
+    if gpu is not None:
+        out["CUDA_VISIBLE_DEVICES"] = gpu
+    return out
+
+
+def task_gpus(count: int, env: Mapping[str, str] | None = None) -> list[str]:
+    """The ids of the ``count`` GPUs this task was given, as ``CUDA_VISIBLE_DEVICES`` names
+    them (``0..count-1`` when it is unset)."""
+    visible = visible_devices(env)
+    if visible:
+        return [g.strip() for g in visible.split(",") if g.strip()][:count] or [str(i) for i in
+                                                                              range(count)]
+    return [str(i) for i in range(count)]
+
+
+def split_cpus(cpus: set[int], parts: int) -> list[set[int]]:
+    """``cpus`` dealt into ``parts`` disjoint, near-equal sets (in order); with fewer CPUs than
+    parts, parts share them round-robin (never an empty set)."""
+    ordered = sorted(cpus)
+    if len(ordered) < parts:
+        return [{ordered[i % len(ordered)]} for i in range(parts)]
+    size, extra = divmod(len(ordered), parts)
+    out, start = [], 0
+    for i in range(parts):
+        n = size + (1 if i < extra else 0)
+        out.append(set(ordered[start:start + n]))
+        start += n
+    return out
+
+
 def slurm_port(job_id: str | int) -> int:
     """A port in [20000, 40000) derived from the job id, so every task of a job agrees on it."""
     return 20000 + int(job_id) % 20000
