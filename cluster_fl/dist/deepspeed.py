@@ -49,8 +49,6 @@ def _partition_skeleton(model: nn.Module, group: Any, device: torch.device, conf
     module converts only its own parameters; a rank holds one module's whole tensors at most."""
     import torch.distributed as tdist
 
-    from cluster_fl.models.build import rebuild_buffers
-
     reader = tdist.get_rank(group) == 0
     names = {id(p): n for n, p in model.named_parameters()}
     made: dict[int, nn.Parameter] = {}
@@ -65,7 +63,7 @@ def _partition_skeleton(model: nn.Module, group: Any, device: torch.device, conf
                 made[id(p)] = nn.Parameter(value, requires_grad=p.requires_grad)
             module._parameters[key] = made[id(p)]
         deepspeed.zero.Init(module=module, data_parallel_group=group, config_dict_or_path=config)
-    rebuild_buffers(model, device)
+    model.weights.rebuild_buffers(model, device)
 
 
 def apply_zero3(model: nn.Module, group: Any, device: torch.device) -> Any:

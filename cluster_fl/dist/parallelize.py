@@ -262,8 +262,6 @@ def load_shards(model: nn.Module, device: torch.device) -> None:
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-    from cluster_fl.models.build import rebuild_buffers
-
     saved = {name: p.detach().clone() for name, p in model.named_parameters() if p.requires_grad}
     model.to_empty(device=device)
     with torch.no_grad():
@@ -279,7 +277,7 @@ def load_shards(model: nn.Module, device: torch.device) -> None:
                     local.copy_(rows.to(device=device, dtype=local.dtype))
             else:
                 p.copy_(model.weights.read(name).to(device=device, dtype=p.dtype))
-    rebuild_buffers(model, device)
+    model.weights.rebuild_buffers(model, device)
 
 
 def lane_mesh(layout: LaneLayout, device: torch.device) -> Any:
@@ -304,9 +302,7 @@ def parallelize(model: nn.Module, model_cfg: Any, device: torch.device,
     shard = model_cfg.shard if layout.group_size > 1 else "none"
     if shard == "none":
         if any(p.is_meta for p in model.parameters()):  # a skeleton, unsharded: read it whole
-            from cluster_fl.models.build import materialise
-
-            materialise(model, device)
+            model.weights.materialise(model, device)
         model.to(device)
     if model_cfg.activation_checkpointing:
         apply_activation_checkpointing(model)

@@ -180,37 +180,11 @@ def apply_storage_dtype(model: nn.Module, model_cfg: ModelConfig) -> None:
 
 
 def materialise(model: SpeechLLM, device: torch.device | str = "cpu") -> SpeechLLM:
-    """Give every meta parameter of ``model`` its whole tensor from ``model.weights`` (cast to
-    the parameter's dtype) on ``device`` and rebuild the buffers: an unsharded model from a meta
-    skeleton. Tied parameters stay tied."""
-    new: dict[int, nn.Parameter] = {}
-    named = {id(p): n for n, p in model.named_parameters()}
-    for module in model.modules():
-        for key, p in list(module._parameters.items()):
-            if p is None or not p.is_meta:
-                continue
-            if id(p) not in new:
-                value = model.weights.read(named[id(p)]).to(device=device, dtype=p.dtype)
-                new[id(p)] = nn.Parameter(value, requires_grad=p.requires_grad)
-            module._parameters[key] = new[id(p)]
-    rebuild_buffers(model, device)
+    """An unsharded model from a meta skeleton: every meta parameter gets its whole tensor from
+    ``model.weights`` on ``device`` and the buffers are rebuilt
+    (:meth:`~cluster_fl.models.weights.SkeletonWeights.materialise`)."""
+    model.weights.materialise(model, device)
     return model
-
-
-def rebuild_buffers(model: nn.Module, device: torch.device | str = "cpu") -> None:
-    """Recompute the buffers of ``model`` on ``device``: after a meta build (they are meta) or
-    ``to_empty`` (they are garbage). Only the rotary tables exist in the registered
-    architectures (non-persistent, computed from the config); any other buffer is an error
-    rather than a silent garbage value."""
-    for name, module in model.named_modules():
-        if not module._buffers:
-            continue
-        if not ("inv_freq" in module._buffers and hasattr(module, "config")):
-            raise UserError(f"{name}: cannot recompute buffers {sorted(module._buffers)} of "
-                            f"{type(module).__name__} after a meta-device build")
-        fresh = type(module)(module.config)
-        for key, value in fresh._buffers.items():
-            module._buffers[key] = value.to(device)
 
 
 def _is_new(name: str, model: SpeechLLM) -> bool:

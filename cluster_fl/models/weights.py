@@ -111,7 +111,48 @@ def _rules(family: str) -> list[tuple[str, str, tuple[str, ...]]]:
             ("decoder.", "decoder", ("",))]
 
 
-class CheckpointWeights:
+class SkeletonWeights:
+    """Where a meta skeleton's tensors come from (``model.weights``), and how a skeleton is
+    completed with them. The process boundary (:mod:`cluster_fl.dist.parallelize`) places shards
+    and calls back here through the model, so it never imports model code."""
+
+    def read(self, name: str, start: int | None = None, stop: int | None = None
+             ) -> torch.Tensor:
+        raise NotImplementedError
+
+    def materialise(self, model: torch.nn.Module, device: torch.device | str = "cpu") -> None:
+        """Give every meta parameter of ``model`` its whole tensor (cast to the parameter's
+        dtype) on ``device`` and rebuild the buffers. Tied parameters stay tied."""
+        new: dict[int, torch.nn.Parameter] = {}
+        named = {id(p): n for n, p in model.named_parameters()}
+        for module in model.modules():
+            for key, p in list(module._parameters.items()):
+                if p is None or not p.is_meta:
+                    continue
+                if id(p) not in new:
+                    value = self.read(named[id(p)]).to(device=device, dtype=p.dtype)
+                    new[id(p)] = torch.nn.Parameter(value, requires_grad=p.requires_grad)
+                module._parameters[key] = new[id(p)]
+        self.rebuild_buffers(model, device)
+
+    @staticmethod
+    def rebuild_buffers(model: torch.nn.Module, device: torch.device | str = "cpu") -> None:
+        """Recompute the buffers of ``model`` on ``device``: after a meta build (they are meta)
+        or ``to_empty`` (they are garbage). Only the rotary tables exist in the registered
+        architectures (non-persistent, computed from the config); any other buffer is an error
+        rather than a silent garbage value."""
+        for name, module in model.named_modules():
+            if not module._buffers:
+                continue
+            if not ("inv_freq" in module._buffers and hasattr(module, "config")):
+                raise UserError(f"{name}: cannot recompute buffers {sorted(module._buffers)} of "
+                                f"{type(module).__name__} after a meta-device build")
+            fresh = type(module)(module.config)
+            for key, value in fresh._buffers.items():
+                module._buffers[key] = value.to(device)
+
+
+class CheckpointWeights(SkeletonWeights):
     """The local checkpoint(s) behind a real architecture, read by model parameter name."""
 
     def __init__(self, family: str, folders: dict[str, str]):
@@ -184,7 +225,7 @@ def meta_parameters(model: torch.nn.Module) -> Iterator[tuple[str, torch.nn.Para
             yield name, p
 
 
-class RandomWeights:
+class RandomWeights(SkeletonWeights):
     """Stand-in weights for a skeleton that has no checkpoint here: each tensor drawn from a
     generator seeded by (``seed``, its name) -- N(0, 0.02) for matrices, ones for the weights of
     norms, zeros for biases -- so any rank reading any rows of it gets the same values. For
