@@ -1,7 +1,7 @@
 """A real architecture in a sharded lane trains from its meta-device build (issue 25, item 4):
 two ranks forming one FSDP2 lane build the base as a skeleton and each load only its shard of the
 local checkpoint (``setup.sharded_from_meta``), one unsharded rank loads it whole with
-``from_pretrained``. Same clip decisions for every client of both rounds, the update within
+``from_pretrained``. Same clip decisions for every client of the round, the update within
 float tolerance, the same epsilon -- the lane test of tests/engine/test_lanes.py, on the path a
 9B decoder takes. Small stand-in checkpoints (``save_pretrained`` of a random Whisper / Llama and
 a word-level tokenizer) play whisper-large-v3 and TinyLlama."""
@@ -30,7 +30,7 @@ def real(tiny_corpus, reference_run, tmp_path_factory):
     return lambda name, *extra: tiny_overrides(
         tiny_corpus, tmp_path_factory.mktemp(name), "model.arch=whisper-tinyllama",
         f"model.encoder_path={root / 'whisper'}", f"model.decoder_path={root / 'llama'}",
-        "model.lora_rank=2", "privacy.clipping=flat", *extra)
+        "model.lora_rank=2", "privacy.clipping=flat", "fl.rounds=1", *extra)
 
 
 def test_a_meta_built_fsdp2_lane_of_a_real_architecture_trains_like_one_rank(real):
@@ -43,7 +43,7 @@ def test_a_meta_built_fsdp2_lane_of_a_real_architecture_trains_like_one_rank(rea
     one = spawn(decisions_worker, 1, real("one"), use_fake=True, timeout_s=300)
     lane = spawn(decisions_worker, 2, lane_overrides, timeout_s=300)
     a, b = one[0]["decisions"], lane[0]["decisions"]
-    assert a.keys() == b.keys() and len(a) >= 6
+    assert a.keys() == b.keys() and len(a) >= 3
     assert [v[:2] for _, v in sorted(a.items())] == [v[:2] for _, v in sorted(b.items())]
     for key in a:
         assert math.isclose(a[key][2], b[key][2], rel_tol=1e-5), key
