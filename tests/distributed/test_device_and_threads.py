@@ -63,10 +63,10 @@ def test_set_threads_reads_the_mask_not_the_cpu_count(monkeypatch):
 
 
 def _threads(comm):
-    from cluster_fl.config import load_config
-    from cluster_fl.engine import setup
-
-    return setup.set_threads(load_config(None), comm), len(cpu_mask())
+    """What ``engine.setup.set_threads`` computes, with its gather (lighter imports)."""
+    mine = cpu_mask()
+    masks = comm.all_gather_object(sorted(mine))
+    return threads_per_rank(mine, [set(m) for m in masks]), len(mine)
 
 
 def test_two_ranks_on_one_mask_take_half_of_it_each():
