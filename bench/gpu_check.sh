@@ -3,7 +3,8 @@
 # them into results/LOG.md with the date and the GPU's name. Run from the repository root with
 # the project installed (pip install -e '.[dev]' over your CUDA build of torch).
 #   1. tests marked gpu: the tiny model trains 2 rounds on CUDA in bf16 under NCCL (torchrun,
-#      1 rank) and makes the CPU run's clip decisions;
+#      1 rank) and makes the CPU run's clip decisions; two gloo ranks sharing the one GPU make a
+#      1-process run's clip decisions and evaluation rows (issue 25; tests/gpu/);
 #   2. a whisper-eurollm-9b-sized model (random init on the meta device, materialised on the
 #      GPU) does one client step with activation checkpointing: peak memory vs `cluster-fl plan`;
 #   3. client updates per second of the tiny model on the GPU (bf16 base), K = 1, 16, 64
@@ -15,7 +16,7 @@ status=0
 echo "== $(date -u +%FT%TZ) $($PY -c 'import torch; print(torch.cuda.get_device_name(0), "torch", torch.__version__)')"
 
 echo "== 1. gpu tests"
-timeout 300 $PY -m pytest -q -m gpu tests/gpu -p no:cacheprovider || status=1
+timeout 420 $PY -m pytest -q -m gpu tests/gpu -p no:cacheprovider || status=1
 
 echo "== 2. one client step of whisper-eurollm-9b (bf16 base, LoRA r16, checkpointing) vs plan"
 BIG=$(timeout 200 $PY bench/gpu_step.py big --arch whisper-eurollm-9b --batch 4 --seconds 15 | tail -1) || status=1

@@ -72,6 +72,9 @@ def main() -> int:
         f"data.corpus={corpus}", f"pretrain.minutes={args.minutes}",
         f"pretrain.eval_every={args.eval_every}", f"pretrain.out={args.out}",
         f"run.threads={args.threads}", *args.overrides])
+    from cluster_fl.models.registry import resolve_shapes
+
+    cfg = resolve_shapes(cfg)  # data.n_mels: the model's
     store = FeatureStore.from_config(cfg.data)  # read once: pretraining and the extra scores
     public = store.split("public", languages=list(cfg.data.languages))
     loads: list[float] = []

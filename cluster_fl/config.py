@@ -168,15 +168,19 @@ class DataConfig:
     """Cap on a client's utterances (0 = no cap)."""
     feature_cache: str | None = None
     """Directory for cached log-mel features (default: ``<corpus>/features``)."""
-    n_mels: int = 80
-    """Mel bins of the log-mel features (Whisper: 80; large-v3 and Voxtral: 128)."""
+    n_mels: int = 0
+    """Mel bins of the log-mel features; 0 = the model's (``models.registry.feature_shape``: the
+    local checkpoint's config.json or the registry -- tiny variants 80, whisper-large-v3 and
+    Voxtral 128). Resolved when a config is read (the stored config holds the number); a value
+    that contradicts the model is refused."""
     allow_missing_languages: bool = False
     """A language of ``languages`` that the corpus lacks (in the client or evaluation split) is
     an error; ``true`` trains on the languages present and logs the missing ones."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "languages", tuple(self.languages))
-        _range(self.n_mels, "data.n_mels", 8, 256, integer=True)
+        if self.n_mels != 0:
+            _range(self.n_mels, "data.n_mels", 8, 256, integer=True)
         _check(len(self.languages) > 0, "data.languages", "needs at least one language")
         _check(isinstance(self.allow_missing_languages, bool), "data.allow_missing_languages",
                f"got {self.allow_missing_languages!r}; must be true or false")

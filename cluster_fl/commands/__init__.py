@@ -23,6 +23,15 @@ def add_config_arguments(parser: argparse.ArgumentParser, required: bool = True)
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
 
 
+def load_checked(config: str | None, overrides: list[str]) -> Any:
+    """A command's config: the preset and overrides read and checked against the model it names
+    (``data.n_mels`` from the model, a contradiction refused naming both values: exit 2)."""
+    from cluster_fl.config import load_config
+    from cluster_fl.models.registry import resolve_shapes
+
+    return resolve_shapes(load_config(config, overrides))
+
+
 def add_report_arguments(parser: argparse.ArgumentParser) -> None:
     """``CONFIG [key=value ...] [--json]``: the arguments of a command that prints a report of a
     config (``account``, ``thresholds``)."""
@@ -34,9 +43,7 @@ def print_report(args: argparse.Namespace, report: Callable[[Any], dict[str, Any
                  formatted: Callable[[dict[str, Any]], str]) -> int:
     """Load the config of ``args``, build its report and print it as JSON (``--json``, strict:
     no NaN) or as text; exit code 0."""
-    from cluster_fl.config import load_config
-
-    result = report(load_config(args.config, args.overrides))
+    result = report(load_checked(args.config, args.overrides))
     print(json.dumps(result, indent=2, default=str, allow_nan=False) if args.json
           else formatted(result))
     return 0

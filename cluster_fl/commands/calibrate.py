@@ -6,8 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from cluster_fl.commands import add_config_arguments
-from cluster_fl.config import load_config
+from cluster_fl.commands import add_config_arguments, load_checked
 from cluster_fl.experiments.calibrate import calibrate, format_result, write_preset
 
 
@@ -25,7 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the probe, print the report, optionally write the preset."""
-    cfg = load_config(args.config, args.overrides)
+    cfg = load_checked(args.config, args.overrides)
     result = calibrate(cfg, args.speakers, args.rounds)
     if args.write:
         yaml_path, norms_path = write_preset(result, args.config, args.overrides, args.write)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from cluster_fl.commands import add_config_arguments
-from cluster_fl.config import dump_config, load_config
+from cluster_fl.commands import add_config_arguments, load_checked
+from cluster_fl.config import dump_config
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -13,5 +13,5 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    print(dump_config(load_config(args.config, args.overrides)), end="")
+    print(dump_config(load_checked(args.config, args.overrides)), end="")
     return 0

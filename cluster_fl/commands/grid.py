@@ -11,8 +11,10 @@ from __future__ import annotations
 import argparse
 
 from cluster_fl.config import parse_override
-from cluster_fl.experiments.grid import CLUSTERS, TrainFn, check_resources, plan, submit
+from cluster_fl.experiments.grid import (CLUSTERS, TrainFn, check_devices, check_resources, plan,
+                                         submit)
 from cluster_fl.experiments.gridspec import load_grid, run_folder
+from cluster_fl.experiments.pack import check_packing, packs, runs_per_task
 from cluster_fl.experiments.round0 import score_round0
 from cluster_fl.experiments.status import format_states
 
@@ -38,6 +40,13 @@ def run(args: argparse.Namespace, train_fn: TrainFn | None = None) -> int:
     print(f"grid {grid.experiment}: {len(states)} runs under {grid.root}")
     print(format_states(states))
     if args.dry_run:
+        for line in check_devices(grid, todo, args.cluster):
+            print(line)
+        if grid.resources.runs_per_gpu > 1 and todo:
+            for line in check_packing(grid, todo):
+                print(line)
+            print(f"{len(todo)} runs in {len(packs(grid, todo))} task(s) of up to "
+                  f"{runs_per_task(grid)} (resources.runs_per_gpu={grid.resources.runs_per_gpu})")
         if args.cluster == "slurm" and todo:
             check_resources(grid)
         for spec in todo:
@@ -49,7 +58,9 @@ def run(args: argparse.Namespace, train_fn: TrainFn | None = None) -> int:
         score_round0(grid, extra)
     jobs, failed = submit(grid, todo, args.cluster, train_fn=train_fn, wait=args.wait)
     ids = sorted({str(j.job_id).split("_")[0] for j in jobs})
-    print(f"submitted {len(jobs)} runs to {args.cluster}" + (f" (job {', '.join(ids)})" if ids else ""))
+    tasks = f" in {len(jobs)} task(s)" if len(jobs) != len(todo) else ""  # runs_per_gpu > 1
+    print(f"submitted {len(todo) if jobs else 0} runs{tasks} to {args.cluster}"
+          + (f" (job {', '.join(ids)})" if ids else ""))
     if failed:
         print(f"{len(failed)} of {len(jobs)} runs failed (`cluster-fl status {args.grid}`; "
               "submitting the grid again resubmits them)")

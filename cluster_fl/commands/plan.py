@@ -6,8 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from cluster_fl.commands import add_config_arguments
-from cluster_fl.config import load_config
+from cluster_fl.commands import add_config_arguments, load_checked
 from cluster_fl.experiments.plan import PROFILES, format_plan, plan
 
 
@@ -23,12 +22,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="transcript tokens per utterance (default 64)")
     parser.add_argument("--device", default="cuda", choices=sorted(PROFILES),
                         help="overhead profile (default cuda)")
+    parser.add_argument("--runs-per-gpu", type=int, default=1, metavar="N",
+                        help="also check that N one-GPU runs of CONFIG fit on one GPU together "
+                             "(resources.runs_per_gpu of a grid)")
     parser.add_argument("--json", action="store_true", help="print the JSON contract")
 
 
 def run(args: argparse.Namespace) -> int:
     """Print the plan; exit 0 whether or not something fits (the message says which)."""
-    cfg = load_config(args.config, args.overrides)
-    result = plan(cfg, args.gpus, args.gpu_memory, args.seconds, args.text_tokens, args.device)
+    cfg = load_checked(args.config, args.overrides)
+    result = plan(cfg, args.gpus, args.gpu_memory, args.seconds, args.text_tokens, args.device,
+                  runs_per_gpu=args.runs_per_gpu)
     print(json.dumps(result, indent=1) if args.json else format_plan(result))
     return 0

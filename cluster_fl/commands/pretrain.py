@@ -5,10 +5,8 @@ pretrained Whisper / TinyLlama weights."""
 from __future__ import annotations
 
 import argparse
-import os
 
-from cluster_fl.commands import add_config_arguments
-from cluster_fl.config import load_config
+from cluster_fl.commands import add_config_arguments, load_checked
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -22,10 +20,11 @@ def run(args: argparse.Namespace) -> int:
     """Entry point of ``cluster-fl pretrain``."""
     import torch
 
+    from cluster_fl.dist.launch import cpu_mask
     from cluster_fl.training.pretrain import pretrain
 
-    cfg = load_config(args.config, args.overrides)
-    torch.set_num_threads(cfg.run.threads or (os.cpu_count() or 1))
+    cfg = load_checked(args.config, args.overrides)
+    torch.set_num_threads(cfg.run.threads or len(cpu_mask()))  # the CPUs this process may use
     result = pretrain(cfg, force=args.force)
     print(f"checkpoint: {result['out']}  (step {result['step']}, held-out WER {result['wer']:.3f})")
     return 0

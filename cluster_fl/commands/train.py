@@ -12,8 +12,7 @@ import argparse
 
 # Light imports only: engine.train defers torch, models and data until the stop handlers are
 # installed, so that a SIGTERM during start-up is a clean stop too (exit 75).
-from cluster_fl.commands import add_config_arguments
-from cluster_fl.config import load_config
+from cluster_fl.commands import add_config_arguments, load_checked
 from cluster_fl.engine.checkpoint import StopFlag, Stopped
 from cluster_fl.engine.train import PREEMPTED_EXIT, Preempted, run_training
 
@@ -27,7 +26,7 @@ def run(args: argparse.Namespace) -> int:
         # a signal while reading the config: nothing to save; once the run has stopped or
         # failed, later stop signals are ignored (the exit code and status stand)
         with StopFlag(immediate=True, ignore_after_stop=True):
-            cfg = load_config(args.config, args.overrides)
+            cfg = load_checked(args.config, args.overrides)  # shapes from the model
             folder = run_training(cfg)  # records failures in status.json itself
     except (Preempted, Stopped):
         return PREEMPTED_EXIT

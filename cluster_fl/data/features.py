@@ -124,8 +124,15 @@ class FeatureStore:
 
     @classmethod
     def from_config(cls, data_cfg: Any) -> "FeatureStore":
-        """The store for a ``DataConfig`` (corpus, feature_cache, n_mels)."""
-        return cls(data_cfg.corpus, data_cfg.feature_cache, getattr(data_cfg, "n_mels", 80))
+        """The store for a resolved ``DataConfig`` (corpus, feature_cache, n_mels). ``n_mels`` 0
+        (the model's) must have been resolved first (``models.registry.resolve_shapes``): the
+        data layer does not know the model, and guessing is how 80-bin features once met a
+        128-bin encoder."""
+        n_mels = getattr(data_cfg, "n_mels", 0)
+        if not n_mels:
+            raise ValueError("data.n_mels is 0 (the model's): resolve the config with "
+                             "cluster_fl.models.registry.resolve_shapes before computing features")
+        return cls(data_cfg.corpus, data_cfg.feature_cache, n_mels)
 
     def _cache_path(self, shard_path: str) -> Path:
         rel = Path(shard_path).resolve().relative_to(self.root.resolve())

@@ -22,7 +22,7 @@ from typing import Any, Callable, Mapping
 import torch
 import torch.distributed as tdist
 
-from cluster_fl.dist.launch import detect_launch
+from cluster_fl.dist.launch import detect_launch, device_index
 
 
 class CommError(RuntimeError):
@@ -110,8 +110,9 @@ class TorchComm(Comm):
         self.local_rank, self.local_world_size = local_rank, local_world_size
         self.backend, self.timeout_s = backend, timeout_s
         self.wait_timeout_s = max(timeout_s, wait_timeout_s or timeout_s)
-        self.device = (torch.device("cuda", local_rank) if backend == "nccl"
-                       else torch.device("cpu"))
+        self.device = (torch.device("cuda", device_index(local_rank, local_world_size,
+                                                         torch.cuda.device_count()))
+                       if backend == "nccl" else torch.device("cpu"))
         self._slow_group: Any = None  # made by make_groups(), right after the process group
         self._closed = False
 
@@ -209,7 +210,7 @@ def init_comm(timeout_s: int, backend: str | None = None,
         return comm
     kwargs: dict[str, Any] = {}
     if backend == "nccl":
-        torch.cuda.set_device(launch.local_rank)
+        torch.cuda.set_device(comm.device)
         kwargs["device_id"] = comm.device
     tdist.init_process_group(
         backend=backend, init_method=f"tcp://{_url_host(launch.master_addr)}:{launch.master_port}",

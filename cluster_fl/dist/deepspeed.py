@@ -41,6 +41,31 @@ def _import_deepspeed(device: torch.device) -> Any:
     return deepspeed
 
 
+def _partition_skeleton(model: nn.Module, group: Any, device: torch.device, config: dict,
+                        deepspeed: Any) -> None:
+    """A meta skeleton, partitioned one module at a time: the lane's first member reads the
+    module's tensors from the checkpoint (``model.weights``), ``zero.Init`` broadcasts them over
+    the lane and keeps each member's partition. Children come before their parents, so every
+    module converts only its own parameters; a rank holds one module's whole tensors at most."""
+    import torch.distributed as tdist
+
+    reader = tdist.get_rank(group) == 0
+    names = {id(p): n for n, p in model.named_parameters()}
+    made: dict[int, nn.Parameter] = {}
+    for _, module in reversed(list(model.named_modules())):
+        own = [(k, p) for k, p in module._parameters.items() if p is not None and p.is_meta]
+        if not own:
+            continue
+        for key, p in own:
+            if id(p) not in made:
+                value = (model.weights.read(names[id(p)]).to(device=device, dtype=p.dtype)
+                         if reader else torch.empty(p.shape, dtype=p.dtype, device=device))
+                made[id(p)] = nn.Parameter(value, requires_grad=p.requires_grad)
+            module._parameters[key] = made[id(p)]
+        deepspeed.zero.Init(module=module, data_parallel_group=group, config_dict_or_path=config)
+    model.weights.rebuild_buffers(model, device)
+
+
 def apply_zero3(model: nn.Module, group: Any, device: torch.device) -> Any:
     """Partition ``model``'s frozen base over ``group`` (the lane) with ZeRO-3; keep the trainable
     groups whole. Returns the hook owner (keep it alive with the model)."""
@@ -51,6 +76,8 @@ def apply_zero3(model: nn.Module, group: Any, device: torch.device) -> Any:
 
     config = {"train_micro_batch_size_per_gpu": 1,
               "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}}
+    if any(p.is_meta for p in model.parameters()):
+        _partition_skeleton(model, group, device, config, deepspeed)
     named = dict(model.named_parameters())
     keep = [p for p in named.values() if p.requires_grad]
     keep += [named[n] for n in _READ_OUTSIDE_FORWARD if n in named]

@@ -76,6 +76,91 @@ def _tasks_on_node(tasks_per_node: str, node_id: int) -> int:
     return counts[min(node_id, len(counts) - 1)]
 
 
+def device_index(local_rank: int, local_world_size: int, visible: int) -> int:
+    """This rank's CUDA device among the ``visible`` ones (``torch.cuda.device_count()``, which
+    follows ``CUDA_VISIBLE_DEVICES``), for the ways launchers hand out GPUs:
+
+    * every task sees the node's GPUs (torchrun, ``--gpus-per-node``): ``cuda:LOCAL_RANK``;
+    * each task gets its own (SLURM ``--gpus-per-task=1``: one entry in ``CUDA_VISIBLE_DEVICES``):
+      ``cuda:0`` -- ``set_device(LOCAL_RANK)`` would fail for every local rank but the first;
+    * fewer GPUs than local ranks, shared (several ranks per GPU, gloo -- NCCL refuses two ranks
+      on one device): ranks packed evenly, ``LOCAL_RANK x visible // local ranks``.
+    """
+    if visible < 1:
+        raise ValueError("no visible CUDA device")
+    if not 0 <= local_rank < max(1, local_world_size):
+        raise ValueError(f"local rank {local_rank} outside [0, {local_world_size})")
+    if visible >= local_world_size:
+        return local_rank
+    return local_rank * visible // local_world_size
+
+
+def visible_devices(env: Mapping[str, str] | None = None) -> str | None:
+    """``CUDA_VISIBLE_DEVICES`` as the launcher set it (None when unset), for messages."""
+    return (os.environ if env is None else env).get("CUDA_VISIBLE_DEVICES")
+
+
+def cpu_mask() -> set[int]:
+    """The CPUs this process may run on (its affinity mask: what srun --cpus-per-task, taskset or
+    a cgroup leave it), not the machine's count."""
+    try:
+        return set(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return set(range(os.cpu_count() or 1))
+
+
+def threads_per_rank(mine: set[int], peers: list[set[int]]) -> int:
+    """Intra-op threads for a rank whose mask is ``mine`` among the masks of the ranks on its
+    host (``peers``, itself included): its CPUs shared evenly with the ranks whose masks overlap
+    it. Disjoint masks (srun binding each task): all of its own; one mask for every local rank
+    (torchrun unbound, or under one srun task): CPUs / local ranks."""
+    sharing = sum(1 for other in peers if other & mine) or 1
+    return max(1, len(mine) // sharing)
+
+
+LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                      "MASTER_PORT", "GROUP_RANK", "ROLE_RANK", "TORCHELASTIC_RUN_ID")
+
+
+def single_process_env(env: Mapping[str, str], gpu: str | None = None) -> dict[str, str]:
+    """``env`` for a run started as its own process inside a task that packs several
+    (``resources.runs_per_gpu``): without the launcher's rank variables (torchrun's and SLURM's
+    task ids), so the run is a world of one instead of rank 0 of the task's job -- several
+    runs would otherwise rendezvous on the job's one port -- and, with ``gpu``, seeing only that
+    GPU (``CUDA_VISIBLE_DEVICES``)."""
+    drop = set(LAUNCHER_VARIABLES) | {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",
+                                       "SLURM_NODEID"}
+    out = {k: v for k, v in env.items() if k not in drop}
+    if gpu is not None:
+        out["CUDA_VISIBLE_DEVICES"] = gpu
+    return out
+
+
+def task_gpus(count: int, env: Mapping[str, str] | None = None) -> list[str]:
+    """The ids of the ``count`` GPUs this task was given, as ``CUDA_VISIBLE_DEVICES`` names
+    them (``0..count-1`` when it is unset)."""
+    visible = visible_devices(env)
+    if visible:
+        return [g.strip() for g in visible.split(",") if g.strip()][:count] or [str(i) for i in
+                                                                              range(count)]
+    return [str(i) for i in range(count)]
+
+
+def split_cpus(cpus: set[int], parts: int) -> list[set[int]]:
+    """``cpus`` dealt into ``parts`` disjoint, near-equal sets (in order); with fewer CPUs than
+    parts, parts share them round-robin (never an empty set)."""
+    ordered = sorted(cpus)
+    if len(ordered) < parts:
+        return [{ordered[i % len(ordered)]} for i in range(parts)]
+    size, extra = divmod(len(ordered), parts)
+    out, start = [], 0
+    for i in range(parts):
+        n = size + (1 if i < extra else 0)
+        out.append(set(ordered[start:start + n]))
+        start += n
+    return out
+
+
 def slurm_port(job_id: str | int) -> int:
     """A port in [20000, 40000) derived from the job id, so every task of a job agrees on it."""
     return 20000 + int(job_id) % 20000

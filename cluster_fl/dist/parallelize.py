@@ -13,7 +13,11 @@ fixed order, applies
 4. **sharding of a client lane** -- with ``model.shard_group_size`` G > 1 the world's ranks form
    world/G lanes (a 2-D mesh: lane × shard). The frozen base is sharded over the G ranks of a lane
    with FSDP2 ``fully_shard`` (one unit per encoder/decoder layer, the rest in the root unit) or
-   DeepSpeed ZeRO-3 (:mod:`cluster_fl.dist.deepspeed`); the trainable groups are left out of the
+   DeepSpeed ZeRO-3 (:mod:`cluster_fl.dist.deepspeed`). A real architecture arrives as a skeleton
+   on the meta device (``models.build_model(meta=True)``): FSDP2 shards the skeleton, allocates
+   each rank's shards and reads only those rows from the checkpoint (:func:`load_shards`);
+   DeepSpeed partitions it one module at a time (:func:`~cluster_fl.dist.deepspeed.apply_zero3`):
+   no rank holds the whole base on the host. The trainable groups are left out of the
    sharding and replicated, so Δ, clipping and the secure sum see
    whole tensors exactly as in an unsharded run. A lane trains one client at a time: each member
    runs its slice of every batch, the members' trainable gradients are summed over the lane and
@@ -40,22 +44,25 @@ from cluster_fl.precision import DTYPES, resolve_compile, resolve_dtype
 
 
 
-def resolve_device(spec: str, local_rank: int = 0) -> torch.device:
-    """``run.device`` -> this rank's device (``cuda:LOCAL_RANK`` on a GPU node)."""
+def resolve_device(spec: str, local_rank: int = 0, local_world_size: int = 1) -> torch.device:
+    """``run.device`` -> this rank's device. ``cuda`` without a CUDA device is an error (never a
+    silent CPU run); the index follows how the launcher handed out GPUs
+    (:func:`~cluster_fl.dist.launch.device_index`: ``cuda:LOCAL_RANK`` when every task sees the
+    node's GPUs, ``cuda:0`` when each task has its own, ranks packed when they share)."""
+    from cluster_fl.dist.launch import device_index, visible_devices
+
     if spec not in ("cpu", "cuda", "auto"):
         raise UserError(f"run.device: got {spec!r}; allowed: cpu, cuda, auto")
     if spec == "cpu" or (spec == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
     if not torch.cuda.is_available():
         raise UserError("run.device: cuda was asked for, but this process sees no CUDA device "
-                        "(check CUDA_VISIBLE_DEVICES and the torch build: "
-                        f"torch {torch.__version__})")
-    count = torch.cuda.device_count()
-    if local_rank >= count:
-        raise UserError(f"run.device: local rank {local_rank} has no GPU of its own "
-                        f"({count} visible); start one rank per GPU")
-    torch.cuda.set_device(local_rank)
-    return torch.device("cuda", local_rank)
+                        f"(CUDA_VISIBLE_DEVICES={visible_devices()!r}: did the job request a "
+                        "GPU -- resources.gpus_per_task? -- and is torch a CUDA build? torch "
+                        f"{torch.__version__})")
+    index = device_index(local_rank, local_world_size, torch.cuda.device_count())
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
 
 
 @dataclass(frozen=True)
@@ -236,15 +243,51 @@ def apply_fsdp2(model: nn.Module, mesh: Any, device: torch.device) -> None:
     with torch.no_grad():
         for p in trainable:
             p.data = p.data.to(device)
-    for layer in _layers(model):
+    layers = _layers(model)
+    for layer in layers:
         fully_shard(layer, mesh=mesh, ignored_params=trainable & set(layer.parameters()))
     fully_shard(model, mesh=mesh, ignored_params=trainable)
+    if device.type == "cpu":
+        # gloo's all-gathers block the CPU that would compute meanwhile: prefetching the next
+        # layer in backward (FSDP2's default) overlaps nothing and holds a second unsharded
+        # layer (bench/lane_memory.py). A unit that "prefetches" itself -- already gathered --
+        # turns the default off.
+        for layer in layers:
+            layer.set_modules_to_backward_prefetch([layer])
+    if any(p.is_meta for p in model.parameters()):
+        load_shards(model, device)
     for method in ("loss", "audio_embeddings"):
         register_fsdp_forward_method(model, method)
     # audio_embeddings returns views of the encoder states; FSDP2 warns that an in-place op on
     # such a view would skip its pre-backward hook. The model code never writes into them.
     warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(FSDPSpeechLLM\) returned "
                             r"a view tensor")
+
+
+def load_shards(model: nn.Module, device: torch.device) -> None:
+    """Materialise a meta skeleton sharded by FSDP2: allocate this rank's shards on ``device``
+    and read into each only its rows of the checkpoint tensor (``model.weights``), so the
+    rank's host memory holds its shard and one read buffer, never the whole base. The trainable
+    parameters (not sharded, already on ``device``) keep their values; buffers are recomputed."""
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    saved = {name: p.detach().clone() for name, p in model.named_parameters() if p.requires_grad}
+    model.to_empty(device=device)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name in saved:
+                p.copy_(saved[name])
+            elif isinstance(p, DTensor):
+                local = p.to_local()
+                shape, offset = compute_local_shape_and_global_offset(p.shape, p.device_mesh,
+                                                                      p.placements)
+                if local.numel():
+                    rows = model.weights.read(name, offset[0], offset[0] + shape[0])
+                    local.copy_(rows.to(device=device, dtype=local.dtype))
+            else:
+                p.copy_(model.weights.read(name).to(device=device, dtype=p.dtype))
+    model.weights.rebuild_buffers(model, device)
 
 
 def lane_mesh(layout: LaneLayout, device: torch.device) -> Any:
@@ -268,6 +311,8 @@ def parallelize(model: nn.Module, model_cfg: Any, device: torch.device,
     apply_dtype(model, dtype)
     shard = model_cfg.shard if layout.group_size > 1 else "none"
     if shard == "none":
+        if any(p.is_meta for p in model.parameters()):  # a skeleton, unsharded: read it whole
+            model.weights.materialise(model, device)
         model.to(device)
     if model_cfg.activation_checkpointing:
         apply_activation_checkpointing(model)

@@ -1,9 +1,11 @@
 """Who trains in a round, and on which rank.
 
 The cohort is sampled from (seed, round) alone, and the blocks (clients trained together,
-``fl.clients_per_step``) and their assignment to lanes are pure functions of the cohort and the
-clients' data sizes, so every rank computes the same cohort, blocks and split without talking to
-the others -- and a block trains the same on any rank, which keeps 1 vs N ranks bitwise equal.
+``fl.clients_per_step``, never fewer blocks than lanes while a block holds several clients) and
+their assignment to lanes are pure functions of the cohort, the clients' data sizes and the number
+of lanes, so every rank computes the same cohort, blocks and split without talking to the others
+-- and a block trains the same on any rank, which keeps 1 vs N ranks bitwise equal wherever they
+cut the same blocks (:func:`blocks`).
 The aggregation denominator is public: the cohort size for fixed sampling and the expected size
 q·N for Poisson sampling -- never the realised count.
 """
@@ -64,20 +66,28 @@ def shard(cohort: Sequence[int], sizes: Sequence[int], world_size: int) -> list[
     return [sorted(s) for s in shards]
 
 
-def blocks(cohort: Sequence[int], sizes: Sequence[int], per_block: int) -> list[list[int]]:
+def blocks(cohort: Sequence[int], sizes: Sequence[int], per_block: int,
+           lanes: int = 1) -> list[list[int]]:
     """The cohort as blocks of at most ``per_block`` clients trained in one batched step each.
 
     Clients are ordered by (data size, index) before they are cut, so a block's clients take
     similar numbers of local steps and pad to similar lengths (a client whose batches end early
     idles for the rest of its block). The ceil(n / per_block) blocks are as equal in size as
     possible (24 clients at 16 a block: two of 12, not 16 + 8, which would leave one of two lanes
-    half idle). A pure function of the cohort: the blocks do not depend on the number of ranks.
-    ``per_block`` = 1: one block a client.
+    half idle). ``per_block`` = 1: one block a client.
+
+    Blocks sized to the ``lanes``: never fewer blocks than min(n, lanes), so no lane idles while
+    a block holds several clients (94 clients at 16 a block over 16 lanes: 16 blocks of ~6, not 6
+    of ~16 and 10 idle lanes). The partition depends only on the number of blocks, so where the
+    ceil(n / per_block) blocks already fill the lanes -- and always with ``per_block`` = 1 -- it is
+    the same for any number of lanes, which keeps 1 and N ranks bitwise equal there; with fewer
+    such blocks than lanes, N lanes train smaller blocks than one rank (within float tolerance of
+    it, as any two block sizes are).
     """
-    if per_block < 1:
-        raise ValueError("per_block must be >= 1")
+    if per_block < 1 or lanes < 1:
+        raise ValueError("per_block and lanes must be >= 1")
     order = sorted(cohort, key=lambda c: (sizes[c], c))
-    n_blocks = -(-len(order) // per_block)
+    n_blocks = max(-(-len(order) // per_block), min(lanes, len(order)))
     base, extra = divmod(len(order), max(1, n_blocks))
     out, start = [], 0
     for b in range(n_blocks):

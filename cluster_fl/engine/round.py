@@ -160,7 +160,7 @@ class RoundEngine:
             members = cohort_mod.sample_cohort(self.cfg.run.seed, round_, self.population,
                                                fl.clients_per_round, fl.sampling)
         sizes = [c.size for c in self.clients]
-        blocks = cohort_mod.blocks(members, sizes, fl.clients_per_step)
+        blocks = cohort_mod.blocks(members, sizes, fl.clients_per_step, self.layout.lanes)
         return members, cohort_mod.shard_blocks(blocks, sizes, self.layout.lanes)[self.layout.lane]
 
     def _weight(self, n_samples: int) -> float:

@@ -62,7 +62,9 @@ def run_id(cfg: Config) -> str:
     """Deterministic run id: readable prefix + hash of everything that affects results."""
     if cfg.run.run_id:
         return cfg.run.run_id
-    tree = to_dict(cfg)
+    from cluster_fl.models.registry import resolve_shapes  # data.n_mels 0: hashed as the model's
+
+    tree = to_dict(resolve_shapes(cfg))
     for section, key in _BOOKKEEPING:
         tree[section].pop(key, None)
     for (section, key), default in _NEW_AT_DEFAULT.items():

@@ -24,13 +24,24 @@ from cluster_fl.engine.round import ClientData, RoundEngine
 from cluster_fl.engine.rundir import run_dir, run_id
 from cluster_fl.engine.server import ServerOptimizer
 from cluster_fl.errors import UserError
+from cluster_fl.models.registry import feature_shape, resolve_shapes
 from cluster_fl.seeding import derive_seed
 
 
-def set_threads(cfg: Config, comm: Any) -> None:
-    """torch intra-op threads: ``run.threads`` or the cores shared evenly by local ranks."""
-    n = cfg.run.threads or max(1, (os.cpu_count() or 1) // max(1, comm.local_world_size))
+def set_threads(cfg: Config, comm: Any) -> int:
+    """torch intra-op threads: ``run.threads``, or this process's CPUs (its affinity mask, not
+    the machine's count) shared evenly with the ranks on its host whose masks overlap it.
+    Collective when several ranks run (their masks are gathered); returns the number."""
+    import socket
+
+    from cluster_fl.dist.launch import cpu_mask, threads_per_rank
+
+    mine, host = cpu_mask(), socket.gethostname()
+    masks = ([(host, sorted(mine))] if comm.world_size == 1 else
+             comm.all_gather_object((host, sorted(mine))))
+    n = cfg.run.threads or threads_per_rank(mine, [set(m) for h, m in masks if h == host])
     torch.set_num_threads(n)
+    return n
 
 
 class LazyExamples(Sequence):
@@ -129,6 +140,21 @@ class World:
         return row
 
 
+def check_extractor(model_cfg: Any) -> None:
+    """The local checkpoint's feature extractor (preprocessor_config.json) is the one
+    :mod:`cluster_fl.data.features` computes -- 16 kHz, hop 160, FFT 400 -- or the run is refused
+    naming both values: a model trained on other frames would get features it never saw."""
+    from cluster_fl.data.features import HOP, N_FFT, SAMPLE_RATE
+
+    shape = feature_shape(model_cfg)
+    ours = {"sampling_rate": SAMPLE_RATE, "hop_length": HOP, "n_fft": N_FFT}
+    for key, value in ours.items():
+        if getattr(shape, key) != value:
+            raise UserError(f"model.arch {model_cfg.arch}: the checkpoint's feature extractor "
+                            f"has {key} {getattr(shape, key)} ({shape.source}), the features "
+                            f"are computed with {value} (cluster_fl.data.features)")
+
+
 def load_clients(cfg: Config, log: Callable[[str], None] | None = None
                  ) -> tuple[Any, list[ClientData], list]:
     """Feature store, federated clients (lazy features) and the evaluation set's metadata
@@ -136,6 +162,8 @@ def load_clients(cfg: Config, log: Callable[[str], None] | None = None
     is an error, unless ``data.allow_missing_languages`` (then ``log`` says which)."""
     from cluster_fl.data import FeatureStore, find_shards, load_utterances, partition_clients
 
+    cfg = resolve_shapes(cfg)  # data.n_mels: the model's
+    check_extractor(cfg.model)
     d = cfg.data
     root = os.path.expanduser(d.corpus)
     if not os.path.isdir(root):
@@ -165,21 +193,35 @@ def load_clients(cfg: Config, log: Callable[[str], None] | None = None
     return store, out, eval_utts
 
 
+def sharded_from_meta(cfg: Config, layout: LaneLayout) -> bool:
+    """Whether this rank builds the base as a meta skeleton and loads only its shard: a real
+    architecture (weights from local checkpoints) in a sharded lane. Tiny random-init variants
+    and ``model.checkpoint`` (a tiny pretrain checkpoint) are built whole: a few MB, and their
+    random init is what every 1-vs-N comparison starts from."""
+    from cluster_fl.models import get_arch
+
+    return (layout.group_size > 1 and cfg.model.shard != "none" and cfg.model.checkpoint is None
+            and not get_arch(cfg.model.arch).tiny)
+
+
 def build_world(cfg: Config, comm: Any, log: Callable[[str], None]) -> World:
     from cluster_fl.models import (build_model, get_trainable, trainable_groups,
                                    trainable_parameters)
     from cluster_fl.privacy import ledger_for, make_policy, noise_for
 
+    cfg = resolve_shapes(cfg)
     store, clients, eval_utts = load_clients(cfg, log if comm.rank == 0 else None)
     # unusable corpus rows are found while features load (a client's turn, the evaluation);
     # train.py logs them by id and counts them per client in the run folder (skipped.json)
     # Random init (LoRA A, and everything when no checkpoint) from (seed, "init") on every rank,
     # so all ranks -- and a 1-rank run -- start from the same global state.
     torch.manual_seed(derive_seed(cfg.run.seed, "init"))
-    model = build_model(cfg.model)
-    # device, dtype policy, activation checkpointing and lane sharding, from outside the model
     layout = LaneLayout(comm.world_size, cfg.model.shard_group_size, comm.rank)
-    device = resolve_device(cfg.run.device, comm.local_rank)
+    model = build_model(cfg.model, meta=sharded_from_meta(cfg, layout))
+    # device, dtype policy, activation checkpointing and lane sharding, from outside the model
+    device = resolve_device(cfg.run.device, comm.local_rank, comm.local_world_size)
+    if layout.group_size > 1:  # the lane's collectives (mesh, shards) start once all have loaded
+        comm.barrier(slow=True)
     placement = parallelize(model, cfg.model, device, layout)
     groups = trainable_groups(model)
     params = trainable_parameters(model)

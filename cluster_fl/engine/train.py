@@ -95,6 +95,9 @@ def run_training(cfg: Config, comm: Any = None) -> Path:
     :class:`~cluster_fl.errors.UserError` for problems the user can fix; either way rank 0 has
     recorded the outcome in status.json.
     """
+    from cluster_fl.models.registry import resolve_shapes  # JSON only: data.n_mels of the model
+
+    cfg = resolve_shapes(cfg)
     folder = run_dir(cfg)
     # From the first moment: a signal during setup or evaluation stops at once (Stopped), one
     # during a round stops at the round's end (the loop makes the flag deferred).
@@ -250,7 +253,7 @@ def _record_end(folder: Path, cfg: Config, exc: BaseException, stopped: bool,
 
 def _train(cfg: Config, comm: Any, folder: Path, log: Log, stop: StopFlag,
            progress: dict, record: Config) -> Path:
-    from cluster_fl.engine import setup
+    from cluster_fl.engine import setup, startup
     from cluster_fl.engine.metrics import SkippedRows, progress_line, write_rows
 
     main = comm.rank == 0
@@ -279,6 +282,7 @@ def _train(cfg: Config, comm: Any, folder: Path, log: Log, stop: StopFlag,
     if world.ledger.started >= start_round:
         oplog("resume", checkpoint_round=start_round - 1, rounds_started=world.ledger.started,
               charged=world.ledger.rounds, secure=world.ledger.secure)
+    startup.check_start(comm, folder, start_round - 1)  # loading over everywhere, folder shared
     rounds = cfg.fl.rounds
     if main:
         write_status(folder, "running", start_round - 1, rounds)

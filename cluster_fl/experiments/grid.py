@@ -20,6 +20,10 @@ only ``failed`` or ``missing`` runs are submitted; the job of each submitted run
 
 ``--cluster debug`` runs the tasks in this process one after the other; ``local`` runs them as
 local processes (submitit ``LocalExecutor``), at most ``array_parallelism`` at a time.
+
+``resources.runs_per_gpu`` N > 1 packs N runs on each GPU of a task (N runs a task on CPU), each
+run its own ``cluster-fl train`` process, after ``plan`` has checked that they fit
+(:mod:`cluster_fl.experiments.pack`); the registry records the task's job for each of its runs.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from cluster_fl.config import Config, build_config, to_dict
 from cluster_fl.dist.launch import submitit_torch_env, torch_env_set
 from cluster_fl.errors import UserError
 from cluster_fl.experiments.gridspec import Grid, Resources, RunSpec, expand, run_folder
+from cluster_fl.experiments.pack import check_packing, pack_tasks
 from cluster_fl.experiments import status as status_mod
 from cluster_fl.experiments.status import RESUBMIT, grid_states, write_registry
 
@@ -175,6 +180,36 @@ def check_resources(grid: Grid) -> None:
                             f"{where} has at most {available}; no node can ever run it")
 
 
+def check_devices(grid: Grid, specs: Sequence[RunSpec], cluster: str) -> list[str]:
+    """No silent CPU: refuse a grid whose cells ask for a GPU the task does not request, and
+    return warnings (one line each) for cells that would quietly train on CPU on a machine or
+    partition that has GPUs. Called before anything is submitted (and by ``--dry-run``)."""
+    r = grid.resources
+    devices = {spec.config.run.device for spec in specs}
+    if "cuda" in devices and r.gpus_per_task == 0:
+        cell = next(s.cell for s in specs if s.config.run.device == "cuda")
+        raise UserError(f"run.device=cuda (cell {cell}) with resources.gpus_per_task=0: the task "
+                        "would be given no GPU and fail at its start; set resources.gpus_per_task "
+                        "(or run.device=cpu)")
+    if "auto" not in devices or r.gpus_per_task > 0 or cluster == "debug":
+        return []
+    if cluster == "slurm":
+        nodes = status_mod.slurm_nodes(r.partition)
+        has_gpus = bool(nodes) and any(n["gpus"] for n in nodes)
+        where = f"partition {r.partition}" if r.partition else "the default partition"
+    else:
+        import torch
+
+        has_gpus = torch.cuda.is_available()
+        where = "this machine"
+    if not has_gpus:
+        return []
+    cell = next(s.cell for s in specs if s.config.run.device == "auto")
+    return [f"warning: run.device=auto (cell {cell}) with resources.gpus_per_task=0 on {where}, "
+            "which has GPUs: the runs get no GPU and train on CPU; set resources.gpus_per_task "
+            "for GPUs or run.device=cpu to say CPU"]
+
+
 def executor_parameters(grid: Grid, cluster: str) -> dict[str, Any]:
     """submitit parameters for a grid's resources (generic + ``slurm_`` ones)."""
     r: Resources = grid.resources
@@ -194,6 +229,9 @@ def executor_parameters(grid: Grid, cluster: str) -> dict[str, Any]:
             "slurm_array_parallelism": r.array_parallelism,
             "slurm_signal_delay_s": r.signal_delay_s,
             "slurm_additional_parameters": {"requeue": True},
+            # since SLURM 22.05 srun does not inherit sbatch's --cpus-per-task: without it each
+            # task is bound to one CPU
+            "slurm_srun_args": [f"--cpus-per-task={r.cpus_per_task}"],
         })
         for key in ("partition", "account", "qos", "constraint"):
             if getattr(r, key):
@@ -229,25 +267,33 @@ def submit(grid: Grid, specs: Sequence[RunSpec], cluster: str, train_fn: TrainFn
     Returns the jobs and, for the runs waited for, ``run id -> reason`` of those that failed."""
     if not specs:
         return [], {}
+    for line in check_devices(grid, specs, cluster):
+        print(line, file=sys.stderr, flush=True)
     if cluster == "slurm":
         check_resources(grid)
+    if grid.resources.runs_per_gpu > 1:  # several runs a task (their own processes)
+        for line in check_packing(grid, specs):
+            print(line, file=sys.stderr, flush=True)
+        units = pack_tasks(grid, specs)
+    else:
+        units = [([s], GridTask(to_dict(s.config), train_fn)) for s in specs]
     executor = make_executor(grid, cluster)
-    tasks = [GridTask(to_dict(s.config), train_fn) for s in specs]
     for spec in specs:  # the engine owns the folder; create it so logs have a home early
         run_folder(spec.config).parent.mkdir(parents=True, exist_ok=True)
-    wave = grid.resources.array_parallelism if cluster == "local" else len(tasks)
+    wave = grid.resources.array_parallelism if cluster == "local" else len(units)
     jobs: list[Any] = []
     failed: dict[str, str] = {}
-    for start in range(0, len(tasks), wave):
-        chunk_specs = specs[start:start + wave]
-        chunk = executor.submit_array(tasks[start:start + wave])
+    for start in range(0, len(units), wave):
+        chunk_units = units[start:start + wave]
+        chunk_specs = [spec for group, _ in chunk_units for spec in group]
+        chunk = executor.submit_array([task for _, task in chunk_units])
         write_registry(grid, {
             spec.run_id: {"cluster": cluster, "job_id": str(job.job_id), "host": socket.gethostname(),
                           "submitted": time.strftime("%Y-%m-%dT%H:%M:%S")}
-            for spec, job in zip(chunk_specs, chunk)})
+            for (group, _), job in zip(chunk_units, chunk) for spec in group})
         jobs.extend(chunk)
         # debug jobs run only when their result is asked for; local waves throttle the machine
-        more = start + wave < len(tasks)
+        more = start + wave < len(units)
         if wait or cluster == "debug" or (cluster == "local" and more):
             failed.update(wait_for_runs(grid, chunk_specs, chunk, cluster, poll_s))
     return jobs, failed

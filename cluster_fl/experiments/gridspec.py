@@ -23,6 +23,7 @@ GRID_KEYS = {"experiment", "out", "base", "set", "axes", "exclude", "seeds", "re
 RESOURCE_KEYS = {
     "nodes", "tasks_per_node", "gpus_per_task", "cpus_per_task", "mem_gb", "time_min",
     "partition", "account", "qos", "constraint", "array_parallelism", "signal_delay_s", "setup",
+    "runs_per_gpu", "gpu_memory_gb",
 }
 
 
@@ -43,16 +44,29 @@ class Resources:
     array_parallelism: int = 64
     signal_delay_s: int = 120
     setup: tuple[str, ...] = ()
+    runs_per_gpu: int = 1
+    """Runs side by side in one task, on each of its GPUs (on CPU: sharing its CPUs); each run
+    one process (``cluster_fl.experiments.pack``). Memory is checked with ``plan`` first."""
+    gpu_memory_gb: float | None = None
+    """Memory of one GPU (e.g. 80, 141): what ``runs_per_gpu`` runs must fit (``plan``)."""
 
     def __post_init__(self) -> None:
         for name in ("nodes", "tasks_per_node", "cpus_per_task", "time_min", "array_parallelism",
-                     "signal_delay_s"):
+                     "signal_delay_s", "runs_per_gpu"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"resources.{name}", f"got {value!r}; must be an integer >= 1")
         if not isinstance(self.gpus_per_task, int) or self.gpus_per_task < 0:
             raise ConfigError("resources.gpus_per_task", f"got {self.gpus_per_task!r}; must be >= 0")
         object.__setattr__(self, "setup", tuple(self.setup))
+        if self.runs_per_gpu > 1 and self.nodes * self.tasks_per_node > 1:
+            raise ConfigError("resources.runs_per_gpu", f"got {self.runs_per_gpu} with "
+                              f"{self.nodes} node(s) x {self.tasks_per_node} task(s) a run: "
+                              "packed runs are one process each (nodes: 1, tasks_per_node: 1)")
+        if self.gpu_memory_gb is not None and not (
+                isinstance(self.gpu_memory_gb, (int, float)) and self.gpu_memory_gb > 0):
+            raise ConfigError("resources.gpu_memory_gb", f"got {self.gpu_memory_gb!r}; must be "
+                              "a number of GiB > 0")
 
     @property
     def world_size(self) -> int:
@@ -196,6 +210,8 @@ def cell_name(choice: Mapping[str, str]) -> str:
 
 def expand(grid: Grid, extra: Mapping[str, Any] | None = None) -> list[RunSpec]:
     """Every cell x seed of a grid, each with its validated config (``extra`` overrides last)."""
+    from cluster_fl.models.registry import resolve_shapes
+
     base = load_config(grid.base) if grid.base else Config()
     names = list(grid.axes)
     specs: list[RunSpec] = []
@@ -215,7 +231,7 @@ def expand(grid: Grid, extra: Mapping[str, Any] | None = None) -> list[RunSpec]:
             changes.update({"run.seed": None if secure else seed, "run.experiment": grid.experiment,
                             "run.out": grid.out, "run.run_id": f"{cell}__s{seed}"})
             try:
-                cfg = replace(base, changes)
+                cfg = resolve_shapes(replace(base, changes))  # data.n_mels: the model's
             except ConfigError as exc:
                 raise ConfigError(exc.key, f"in cell {cell}: {exc}") from None
             specs.append(RunSpec(cell=cell, axes=choice, seed=seed, overrides=changes, config=cfg))

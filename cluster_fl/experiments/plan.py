@@ -77,7 +77,10 @@ short-lived clipping copies and float64 server step after local training (no act
 "utterances_per_gpu", "base_bytes", "gathered_bytes", "trainable_bytes", "buffers_bytes", "plain":
 {"activations_bytes", "overhead_bytes", "total_bytes", "fits"}, "checkpointed": {...}}],
 "smallest": {"plain": {"group_size", "lanes"} | null, "checkpointed": ... | null}, "uses":
-"plain"|"checkpointed" (the config's setting), "fits" (at that setting), "message"}.
+"plain"|"checkpointed" (the config's setting), "fits" (at that setting), "message"}; with
+``--runs-per-gpu N`` (N > 1) also "pack": {"runs_per_gpu", "per_run_bytes" (the G = 1 total at
+the config's setting), "total_bytes" (N x that), "fits"} -- N one-GPU runs, each its own process,
+on one GPU (``resources.runs_per_gpu`` of a grid, checked the same way before submission).
 """
 
 from __future__ import annotations
@@ -166,10 +169,14 @@ def group_sizes(gpus: int) -> list[int]:
 
 
 def plan(cfg: Config, gpus: int, gpu_memory_gib: float, seconds: float = 15.0,
-         text_tokens: int = 64, device: str = "cuda") -> dict[str, Any]:
-    """The ``plan --json`` object (module docstring) for ``cfg`` on ``gpus`` GPUs."""
+         text_tokens: int = 64, device: str = "cuda", runs_per_gpu: int = 1) -> dict[str, Any]:
+    """The ``plan --json`` object (module docstring) for ``cfg`` on ``gpus`` GPUs; with
+    ``runs_per_gpu`` N > 1 also ``"pack"``: whether N one-GPU runs of ``cfg`` fit on one GPU
+    (each its own process: N x the G = 1 total, overhead included)."""
     from cluster_fl.models import apply_lora, build_skeleton
+    from cluster_fl.models.registry import resolve_shapes
 
+    cfg = resolve_shapes(cfg)
     if gpus < 1:
         raise UserError(f"--gpus: got {gpus}; a plan needs at least one GPU")
     if not gpu_memory_gib > 0 or not math.isfinite(gpu_memory_gib):
@@ -229,6 +236,11 @@ def plan(cfg: Config, gpus: int, gpu_memory_gib: float, seconds: float = 15.0,
         "seconds_taken": round(time.perf_counter() - t0, 2),
     }
     out["message"] = _verdict(out)
+    if runs_per_gpu > 1:
+        one = rows[0][own]["total_bytes"]
+        out["pack"] = {"runs_per_gpu": runs_per_gpu, "per_run_bytes": one,
+                       "total_bytes": runs_per_gpu * one,
+                       "fits": runs_per_gpu * one <= capacity}
     return out
 
 
@@ -305,4 +317,10 @@ def format_plan(r: dict[str, Any]) -> str:
     if r["shard"] == "none" and len(r["rows"]) > 1:
         lines.append("rows with G > 1 assume model.shard=fsdp2 (the config says none)")
     lines.append(r["message"])
+    pack = r.get("pack")
+    if pack:
+        lines.append(f"runs_per_gpu {pack['runs_per_gpu']}: {pack['runs_per_gpu']} x "
+                     f"{pack['per_run_bytes'] / GIB:.2f} GiB = {pack['total_bytes'] / GIB:.2f} GiB "
+                     + ("fits" if pack["fits"] else "does NOT fit")
+                     + f" on one {r['gpu_memory_bytes'] / GIB:g} GiB GPU")
     return "\n".join(lines)

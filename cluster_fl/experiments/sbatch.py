@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Sequence
 
 from cluster_fl.config import dump_config
+from cluster_fl.errors import UserError
 from cluster_fl.experiments.gridspec import Grid, RunSpec
 
 TEMPLATE = Path(__file__).resolve().parents[2] / "slurm" / "torchrun.sbatch"
@@ -40,6 +41,10 @@ def render(grid: Grid, manifest: Path, n_runs: int, template: Path = TEMPLATE,
            python: str = "python") -> str:
     """The sbatch text for ``n_runs`` array tasks reading their config from ``manifest``."""
     r = grid.resources
+    if r.runs_per_gpu > 1:
+        raise UserError(f"resources.runs_per_gpu={r.runs_per_gpu}: the torchrun template runs "
+                        "one run an array task; pack small runs with `cluster-fl grid --cluster "
+                        "slurm` instead")
     optional = []
     for key in ("partition", "account", "qos", "constraint"):
         if getattr(r, key):

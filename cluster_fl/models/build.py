@@ -1,13 +1,20 @@
 """Building a :class:`SpeechLLM` from a registry entry: random-init tiny variants from configs,
 real variants with ``from_pretrained(local_files_only=True)`` (never downloads), and weightless
-skeletons on the meta device for sizing.
+skeletons on the meta device -- for sizing, and for sharded lanes, whose ranks each load only
+their shard of the frozen base (``build_base(meta=True)``; :mod:`cluster_fl.models.weights`
+reads the checkpoint, :mod:`cluster_fl.dist.parallelize` places the shards).
+
+Weights a checkpoint does not hold -- LoRA, and the whisper-llama connector between a pretrained
+encoder and a pretrained LLM -- are drawn by :func:`init_new_weights` from one seed taken from the
+global RNG before anything is built, so a meta-built lane and a ``from_pretrained`` rank start
+from the same values. (Tiny random-init variants keep their construction-time init: they are
+always built whole, and their numerics are what the tests and the study's starting points pin.)
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -15,10 +22,11 @@ from torch import nn
 
 from cluster_fl.config import ModelConfig
 from cluster_fl.errors import UserError
-from cluster_fl.models.registry import ArchSpec, get_arch
+from cluster_fl.models.registry import ArchSpec, get_arch, local_config
 from cluster_fl.precision import resolve_dtype
 from cluster_fl.models.speech_llm import SpeechLLM, StackConnector, VoxtralConnector
 from cluster_fl.models.tokenizer import CharTokenizer, HFTokenizer, Tokenizer
+from cluster_fl.models.weights import CheckpointWeights
 
 log = logging.getLogger(__name__)
 
@@ -38,25 +46,16 @@ def _quiet_transformers() -> contextlib.AbstractContextManager:
     return ctx()
 
 
-def _local_config(path: str | None) -> dict[str, Any] | None:
-    """A local config.json's contents (cheap dimension source), or None."""
-    if path is None:
-        return None
-    p = Path(path).expanduser() / "config.json"
-    if p.is_file():
-        import json
-        return json.loads(p.read_text())
-    return None
-
-
-def _configs(spec: ArchSpec, vocab_size: int | None, model_cfg: ModelConfig):
-    """(encoder config, decoder LlamaConfig) from the registry, overridden by local config.json."""
+def _configs(spec: ArchSpec, vocab_size: int | None, model_cfg: ModelConfig,
+             depth: tuple[int, int] | None = None):
+    """(encoder config, decoder LlamaConfig) from the registry, overridden by local config.json;
+    ``depth`` = (encoder layers, decoder layers) cuts the stacks (shape-true smoke tests)."""
     from transformers import LlamaConfig, VoxtralEncoderConfig, WhisperConfig
 
     enc_kw, dec_kw = dict(spec.encoder), dict(spec.decoder)
     if not spec.tiny:
-        local_enc, local_dec = (_local_config(model_cfg.encoder_path),
-                                _local_config(model_cfg.decoder_path))
+        local_enc, local_dec = (local_config(model_cfg.encoder_path),
+                                local_config(model_cfg.decoder_path))
         if spec.family == "voxtral" and local_dec is not None:
             local_enc, local_dec = local_dec.get("audio_config"), local_dec.get("text_config")
         if local_enc is not None:
@@ -70,6 +69,9 @@ def _configs(spec: ArchSpec, vocab_size: int | None, model_cfg: ModelConfig):
                       and k not in ("architectures", "model_type", "transformers_version")}
     if vocab_size is not None:
         dec_kw["vocab_size"] = vocab_size
+    if depth is not None:
+        enc_kw["num_hidden_layers" if "num_hidden_layers" in enc_kw else "encoder_layers"] = depth[0]
+        dec_kw["num_hidden_layers"] = depth[1]
     if spec.family == "voxtral":
         keys = {"d_model": "hidden_size", "encoder_layers": "num_hidden_layers",
                 "encoder_attention_heads": "num_attention_heads",
@@ -120,18 +122,127 @@ def _assemble(spec: ArchSpec, enc_cfg, dec_cfg, tokenizer: Tokenizer,
     return SpeechLLM(spec.name, encoder, connector, decoder, tokenizer, ctc)
 
 
-def build_base(model_cfg: ModelConfig, tokenizer: Tokenizer | None = None) -> SpeechLLM:
-    """The architecture without LoRA: random init (tiny) or pretrained weights (real)."""
+def build_base(model_cfg: ModelConfig, tokenizer: Tokenizer | None = None, *,
+               meta: bool = False, weights: Any = None,
+               depth: tuple[int, int] | None = None) -> SpeechLLM:
+    """The architecture without LoRA: random init (tiny) or pretrained weights (real).
+
+    ``meta=True`` (real variants): the skeleton on the meta device at the dimensions of the
+    local config.json, with ``model.weights`` -- the checkpoint's tensors by parameter name
+    (:class:`~cluster_fl.models.weights.CheckpointWeights`, or ``weights``, e.g.
+    :class:`~cluster_fl.models.weights.RandomWeights`) -- for :func:`materialise` or a sharded
+    load; nothing is read but the configs and the files' headers. ``depth`` = (encoder layers,
+    decoder layers) cuts the stacks (shape-true smoke tests)."""
     spec = get_arch(model_cfg.arch)
     tokenizer = tokenizer or _tokenizer_for(spec, model_cfg)
     with _quiet_transformers():
         if spec.tiny:
-            enc_cfg, dec_cfg = _configs(spec, len(tokenizer), model_cfg)
+            enc_cfg, dec_cfg = _configs(spec, len(tokenizer), model_cfg, depth)
             model = _assemble(spec, enc_cfg, dec_cfg, tokenizer, with_ctc=True)
             model.reset_positions()
             _scale_up_convs(model)
             return model
-        return _load_real(spec, model_cfg, tokenizer)
+        if meta:
+            enc_cfg, dec_cfg = _configs(spec, None, model_cfg, depth)
+            with torch.device("meta"):
+                model = _assemble(spec, enc_cfg, dec_cfg, tokenizer, with_ctc=False)
+            model.weights = weights if weights is not None else _checkpoint_weights(spec,
+                                                                                    model_cfg)
+            apply_storage_dtype(model, model_cfg)
+            model.weights.check(model)
+        else:
+            model = _load_real(spec, model_cfg, tokenizer)
+    check_vocabulary(model, model_cfg)
+    return model
+
+
+def _checkpoint_weights(spec: ArchSpec, model_cfg: ModelConfig) -> CheckpointWeights:
+    def need(path: str | None, key: str) -> str:
+        if path is None:
+            raise UserError(f"model.arch {spec.name} needs {key} (a local path; e.g. "
+                            f"{spec.defaults.get(key.split('.')[-1].split('_')[0], '?')})")
+        return path
+
+    if spec.family == "voxtral":
+        return CheckpointWeights("voxtral", {"decoder": need(
+            model_cfg.decoder_path or model_cfg.encoder_path, "model.decoder_path")})
+    return CheckpointWeights("whisper-llama", {
+        "encoder": need(model_cfg.encoder_path, "model.encoder_path"),
+        "decoder": need(model_cfg.decoder_path, "model.decoder_path")})
+
+
+def apply_storage_dtype(model: nn.Module, model_cfg: ModelConfig) -> None:
+    """A meta skeleton's floating parameters in ``model.dtype`` (what ``from_pretrained(dtype=)``
+    gives a loaded base), so a shard is allocated once in its final dtype."""
+    dtype = resolve_dtype(model_cfg.dtype, "cuda" if torch.cuda.is_available() else "cpu")
+    for p in model.parameters():
+        if p.is_meta and p.is_floating_point() and p.dtype != dtype:
+            p.data = p.data.to(dtype)
+
+
+def materialise(model: SpeechLLM, device: torch.device | str = "cpu") -> SpeechLLM:
+    """An unsharded model from a meta skeleton: every meta parameter gets its whole tensor from
+    ``model.weights`` on ``device`` and the buffers are rebuilt
+    (:meth:`~cluster_fl.models.weights.SkeletonWeights.materialise`)."""
+    model.weights.materialise(model, device)
+    return model
+
+
+def _is_new(name: str, model: SpeechLLM) -> bool:
+    """A trainable weight no checkpoint holds: LoRA, or the whisper-llama stacking connector."""
+    return ".lora_" in name or (name.startswith("connector.")
+                                and isinstance(model.connector, StackConnector))
+
+
+def init_new_weights(model: SpeechLLM, seed: int) -> None:
+    """Initialise the weights no checkpoint holds from ``seed`` alone, whatever device path built
+    the model: each LoRA A Kaiming-uniform (a = sqrt(5), PEFT's init), each LoRA B zero, the
+    stacking connector as ``nn.Linear`` initialises itself; in parameter order, in fp32 (they are
+    fp32 master weights whatever ``model.dtype``; PEFT would have made them in the base's dtype).
+    Meta parameters among them (a meta skeleton) are allocated on the CPU; other trainable meta
+    parameters (Voxtral's pretrained projector) are read whole from ``model.weights``."""
+    import math
+
+    g = torch.Generator().manual_seed(seed)
+    named = dict(model.named_parameters())
+    for name, p in named.items():
+        if not p.requires_grad:
+            continue
+        if p.is_meta:
+            module_name, key = name.rsplit(".", 1)
+            module = model.get_submodule(module_name)
+            # a pretrained trainable weight passes through the storage dtype, as it does when
+            # from_pretrained loads it in model.dtype before it becomes an fp32 master
+            value = (torch.empty(p.shape, dtype=torch.float32) if _is_new(name, model) else
+                     model.weights.read(name).to(p.dtype).to(torch.float32))
+            module._parameters[key] = nn.Parameter(value, requires_grad=True)
+            p = module._parameters[key]
+        if not _is_new(name, model):
+            continue
+        if p.dtype != torch.float32:
+            p.data = torch.empty(p.shape, dtype=torch.float32, device=p.device)
+        with torch.no_grad():
+            if ".lora_B" in name:
+                p.zero_()
+            elif p.dim() >= 2:
+                nn.init.kaiming_uniform_(p, a=math.sqrt(5), generator=g)
+            else:  # a connector bias: nn.Linear's U(-1/sqrt(fan_in), 1/sqrt(fan_in))
+                fan_in = named[name[:-len("bias")] + "weight"].shape[1]
+                bound = 1 / math.sqrt(fan_in) if fan_in > 0 else 0
+                nn.init.uniform_(p, -bound, bound, generator=g)
+
+
+def check_vocabulary(model: SpeechLLM, model_cfg: ModelConfig) -> None:
+    """Every id the tokenizer can produce has a row in the decoder's embedding table (a larger
+    tokenizer than the checkpoint's vocabulary fails only when such an id first appears)."""
+    tok = model.tokenizer
+    rows = model.decoder.get_input_embeddings().num_embeddings
+    top = max(len(tok) - 1, tok.pad_id, tok.bos_id, tok.eos_id)
+    if top >= rows:
+        where = model_cfg.tokenizer_path or model_cfg.decoder_path or "the tokenizer"
+        raise UserError(f"model.tokenizer_path: {where} has {len(tok)} tokens (largest id "
+                        f"{top}), the decoder's vocabulary {rows} rows; use the decoder's own "
+                        "tokenizer")
 
 
 def _load_real(spec: ArchSpec, model_cfg: ModelConfig, tokenizer: Tokenizer) -> SpeechLLM:
@@ -197,11 +308,11 @@ def _scale_up_convs(model: nn.Module) -> None:
                 conv.weight.mul_(CONV_INIT_GAIN)
 
 
-def build_skeleton(model_cfg: ModelConfig) -> SpeechLLM:
+def build_skeleton(model_cfg: ModelConfig, depth: tuple[int, int] | None = None) -> SpeechLLM:
     """The architecture on the meta device (shapes only, no memory, no weights read)."""
     spec = get_arch(model_cfg.arch)
     vocab = len(CharTokenizer()) if spec.tokenizer == "char" else None
     tokenizer = CharTokenizer()  # only its size matters for the (tiny-only) CTC head
     with _quiet_transformers(), torch.device("meta"):
-        enc_cfg, dec_cfg = _configs(spec, vocab, model_cfg)
+        enc_cfg, dec_cfg = _configs(spec, vocab, model_cfg, depth)
         return _assemble(spec, enc_cfg, dec_cfg, tokenizer, with_ctc=spec.tiny)

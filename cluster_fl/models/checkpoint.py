@@ -13,13 +13,15 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from cluster_fl.config import ModelConfig
 from cluster_fl.errors import UserError
-from cluster_fl.models.build import build_base
+from cluster_fl.models.build import build_base, init_new_weights
 from cluster_fl.models.lora import apply_lora
+from cluster_fl.models.registry import get_arch
 from cluster_fl.models.speech_llm import SpeechLLM
 from cluster_fl.models.tokenizer import Tokenizer, load_tokenizer
 
@@ -94,14 +96,28 @@ def reinit_connector(model: SpeechLLM, seed: int) -> None:
             m.reset_parameters()
 
 
-def build_model(model_cfg: ModelConfig, tokenizer: Tokenizer | None = None) -> SpeechLLM:
+def build_model(model_cfg: ModelConfig, tokenizer: Tokenizer | None = None, *,
+                meta: bool = False, weights: Any = None,
+                depth: tuple[int, int] | None = None) -> SpeechLLM:
     """The model a run trains: base (``model.checkpoint`` when given) plus LoRA from the config.
 
     A checkpoint that already carries LoRA (a federated checkpoint) must match the config's
     rank and encoder freezing; it is returned as saved.
+
+    Real architectures: the weights no checkpoint holds (LoRA, the stacking connector) come from
+    one seed drawn from the global RNG before anything is built (:func:`init_new_weights`), so
+    ``meta=True`` -- the frozen base left on the meta device for a sharded lane to load shard by
+    shard, the trainable weights on the CPU -- starts from the values of a whole build.
+    ``weights`` and ``depth``: see :func:`~cluster_fl.models.build.build_base`.
     """
     if model_cfg.checkpoint is None:
-        return apply_lora(build_base(model_cfg, tokenizer), model_cfg)
+        if get_arch(model_cfg.arch).tiny:
+            return apply_lora(build_base(model_cfg, tokenizer, depth=depth), model_cfg)
+        seed = int(torch.randint(0, 2 ** 62, (), dtype=torch.int64))
+        model = apply_lora(build_base(model_cfg, tokenizer, meta=meta, weights=weights,
+                                      depth=depth), model_cfg)
+        init_new_weights(model, seed)
+        return model
     meta = read_meta(model_cfg.checkpoint)
     model = load_checkpoint(model_cfg.checkpoint, model_cfg)
     lora = meta.get("lora")

@@ -60,15 +60,15 @@ class LoRALinear(nn.Module):
     def __init__(self, base: nn.Linear, rank: int, alpha: float, dropout: float):
         super().__init__()
         self.base_layer = base
-        # created then re-initialised exactly as PEFT does (same random draws, same order)
-        self.lora_A = nn.ModuleDict({_ADAPTER: nn.Linear(base.in_features, rank, bias=False)})
-        self.lora_B = nn.ModuleDict({_ADAPTER: nn.Linear(rank, base.out_features, bias=False)})
+        # created on the base's device (meta for a skeleton) then re-initialised exactly as
+        # PEFT does (same random draws, same order)
+        dev = base.weight.device
+        self.lora_A = nn.ModuleDict({_ADAPTER: nn.Linear(base.in_features, rank, bias=False,
+                                                         device=dev)})
+        self.lora_B = nn.ModuleDict({_ADAPTER: nn.Linear(rank, base.out_features, bias=False,
+                                                         device=dev)})
         nn.init.kaiming_uniform_(self.lora_A[_ADAPTER].weight, a=math.sqrt(5))
         nn.init.zeros_(self.lora_B[_ADAPTER].weight)
-        dev = base.weight.device
-        if dev.type != "meta":
-            self.lora_A.to(dev)
-            self.lora_B.to(dev)
         self.scaling = alpha / rank
         self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
         self.stack: tuple[torch.Tensor, torch.Tensor] | None = None

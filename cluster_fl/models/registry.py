@@ -5,14 +5,28 @@ via ``from_pretrained(local_files_only=True)``) and a ``-tiny`` variant built fr
 random init for CPU. The real variants' dimensions are kept here so that trainable groups can be
 listed on the meta device without any weights (``describe_groups``); a local config.json at the
 given path, when present, takes precedence over these defaults.
+
+**Shapes follow the model.** What the architecture fixes about its input -- the mel bins of the
+log-mel features, and the extractor behind them (sample rate, hop, FFT size) -- is read from here
+or from the local checkpoint (``config.json``, ``preprocessor_config.json``), never assumed:
+:func:`feature_shape` says what the model takes and where that comes from, and
+:func:`resolve_shapes` fills ``data.n_mels`` (0 = the model's) or refuses a config that
+contradicts the model, naming both values. It reads JSON only (no torch), so a config is checked
+when it is read, before anything is built or submitted.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from cluster_fl.errors import UserError
+
+if TYPE_CHECKING:
+    from cluster_fl.config import Config, ModelConfig
 
 
 @dataclass(frozen=True)
@@ -27,6 +41,11 @@ class ArchSpec:
     tiny: bool
     tokenizer: str = "char"  # "char" (tiny) or "hf"
     defaults: dict[str, str] = field(default_factory=dict)  # documented default HF names
+
+    @property
+    def n_mels(self) -> int:
+        """Mel bins of the encoder's first convolution."""
+        return int(self.encoder["num_mel_bins"])
 
 
 # The spike's tiny model: Whisper 128-d x 3 layers, 4-frame stacking, Llama 192-d x 3 layers.
@@ -92,3 +111,96 @@ def get_arch(name: str) -> ArchSpec:
     if name not in REGISTRY:
         raise UserError(f"unknown model.arch {name!r}; registered: {', '.join(REGISTRY)}")
     return REGISTRY[name]
+
+
+# ---- shapes that follow the model -----------------------------------------------------------
+
+# Whisper's feature extractor, which every registered encoder (Whisper, Voxtral's audio tower) was
+# trained with; a checkpoint's preprocessor_config.json may say otherwise (checked at build time
+# against the extractor in cluster_fl.data.features, see cluster_fl.engine.setup).
+WHISPER_EXTRACTOR = {"sampling_rate": 16000, "hop_length": 160, "n_fft": 400}
+
+
+@dataclass(frozen=True)
+class FeatureShape:
+    """What a model's encoder takes: ``n_mels`` bins of log-mel frames, at most ``max_frames``
+    of them (2 x max_source_positions: longer input is cut), from an extractor with these
+    parameters. ``source`` says where the figures come from (a file, or the registry entry)."""
+
+    n_mels: int
+    max_frames: int
+    sampling_rate: int
+    hop_length: int
+    n_fft: int
+    source: str
+
+
+def local_config(path: str | None, name: str = "config.json") -> dict[str, Any] | None:
+    """A local checkpoint file's JSON (``config.json`` by default), or None when there is none."""
+    if path is None:
+        return None
+    p = Path(path).expanduser() / name
+    if not p.is_file():
+        return None
+    try:
+        return json.loads(p.read_text())
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{p} is not readable JSON ({type(exc).__name__})") from None
+
+
+def encoder_config_path(model_cfg: "ModelConfig") -> tuple[str | None, bool]:
+    """(folder whose config.json describes the audio encoder, whether the encoder config is the
+    ``audio_config`` section of it: Voxtral ships encoder and LM in one checkpoint)."""
+    spec = get_arch(model_cfg.arch)
+    if spec.tiny:
+        return None, False
+    if spec.family == "voxtral":
+        return model_cfg.decoder_path or model_cfg.encoder_path, True
+    return model_cfg.encoder_path, False
+
+
+def feature_shape(model_cfg: "ModelConfig") -> FeatureShape:
+    """The input the configured model takes: from the local checkpoint's config.json (and
+    preprocessor_config.json) when there is one, else from the registry entry. Tiny variants --
+    random init or a ``cluster-fl pretrain`` checkpoint of the same architecture -- take the
+    registry's."""
+    spec = get_arch(model_cfg.arch)
+    enc = dict(spec.encoder)
+    extractor = dict(WHISPER_EXTRACTOR)
+    source = f"registry entry {spec.name}"
+    folder, nested = encoder_config_path(model_cfg)
+    local = local_config(folder)
+    if local is not None:
+        section = local.get("audio_config") if nested else local
+        if isinstance(section, dict):
+            enc.update({k: section[k] for k in ("num_mel_bins", "max_source_positions")
+                        if k in section})
+            source = str(Path(folder).expanduser() / "config.json")
+    pre = local_config(folder, "preprocessor_config.json")
+    n_mels = int(enc["num_mel_bins"])
+    if pre is not None:
+        extractor.update({k: int(pre[k]) for k in WHISPER_EXTRACTOR if k in pre})
+        size = pre.get("feature_size")
+        if size is not None and int(size) != n_mels:
+            raise UserError(f"{Path(folder).expanduser()}: preprocessor_config.json's "
+                            f"feature_size {size} contradicts config.json's num_mel_bins "
+                            f"{n_mels}; the checkpoint is inconsistent")
+    return FeatureShape(n_mels=n_mels, max_frames=2 * int(enc["max_source_positions"]),
+                        source=source, **extractor)
+
+
+def resolve_shapes(cfg: "Config") -> "Config":
+    """``cfg`` with ``data.n_mels`` set from the model (0 = the model's), or a ConfigError when
+    the config asks for other mel bins than the model takes, naming both values. Idempotent:
+    every entry point (commands, grids, the engine, pretraining) calls it on what it reads."""
+    from cluster_fl.config import ConfigError
+
+    shape = feature_shape(cfg.model)
+    asked = cfg.data.n_mels
+    if asked == shape.n_mels:
+        return cfg
+    if asked:
+        raise ConfigError("data.n_mels", f"got {asked}, but model.arch {cfg.model.arch} takes "
+                          f"{shape.n_mels} mel bins ({shape.source}); leave data.n_mels out "
+                          f"(0 = the model's) or set it to {shape.n_mels}")
+    return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, n_mels=shape.n_mels))

@@ -14,6 +14,7 @@ import yaml
 from cluster_fl import cli
 from cluster_fl.config import (SECTIONS, Config, ConfigError, build_config, dump_config,
                                load_config, replace, to_dict, valid_keys)
+from cluster_fl.models.registry import resolve_shapes
 
 LAYOUT = str(Path(__file__).parents[1] / "privacy" / "data" / "layout.yaml")
 
@@ -102,11 +103,13 @@ def test_dump_config_round_trips(capsys, tmp_path):
     path = tmp_path / "resolved.yaml"
     path.write_text(text)
     again = load_config(path)
-    assert again == load_config(LAYOUT, ["privacy.clipping=pools",
+    # the resolved config: data.n_mels is the model's (issue 25), written as a number
+    assert again == resolve_shapes(load_config(LAYOUT, ["privacy.clipping=pools",
                                          "privacy.pools=[{name: e, components: [encoder], "
                                          "share: 0.25}, {name: d, components: [connector, "
                                          "decoder], share: 0.75}]", "data.languages=[en, de]",
-                                         "run.seed=7"])
+                                         "run.seed=7"]))
+    assert again.data.n_mels == 128  # the layout preset names whisper-tinyllama (large-v3)
     assert dump_config(again) == text
     assert again.run.seed == 7 and again.data.languages == ("en", "de")
 
