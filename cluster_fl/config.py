@@ -93,8 +93,11 @@ class ModelConfig:
     (PyTorch's default init, seed ``connector_seed``) after loading a pretrained (LoRA-free)
     checkpoint -- the paper's starting point, a new projector between a pretrained encoder and a
     pretrained LLM that the federated stage has to learn (issue 14)."""
-    connector_seed: int = 0
-    """Seed of the ``fresh`` connector init: one starting point shared by every method and seed."""
+    connector_seed: int | None = None
+    """Seed of the ``fresh`` connector init. ``null`` (default): the run's seed (``run.seed``; 0
+    for a secure-mode run), so the seeds of a study start from different connectors and its
+    round-0 differs per seed (every method of one seed shares it); an integer pins one init for
+    every seed. Unused (``null``) with ``connector_init: checkpoint``."""
     encoder_path: str | None = None
     """Local path / HF-cache name of the real audio encoder (``from_pretrained``; never downloads)."""
     decoder_path: str | None = None
@@ -123,7 +126,10 @@ class ModelConfig:
         _check(self.connector_init == "checkpoint" or self.checkpoint is not None,
                "model.connector_init", "fresh re-initialises the connector of model.checkpoint; "
                "set model.checkpoint (without one every weight is fresh already)")
-        _range(self.connector_seed, "model.connector_seed", 0, None, integer=True)
+        if self.connector_init == "checkpoint":  # no connector is drawn: nothing to seed
+            object.__setattr__(self, "connector_seed", None)
+        if self.connector_seed is not None:
+            _range(self.connector_seed, "model.connector_seed", 0, None, integer=True)
         _in(self.shard, ("none", "fsdp2", "deepspeed"), "model.shard")
         _range(self.shard_group_size, "model.shard_group_size", 1, 4096, integer=True)
         _check(self.shard_group_size == 1 or self.shard != "none", "model.shard_group_size",

@@ -166,7 +166,7 @@ def build_world(cfg: Config, comm: Any, log: Callable[[str], None]) -> World:
     # Random init (LoRA A, and everything when no checkpoint) from (seed, "init") on every rank,
     # so all ranks -- and a 1-rank run -- start from the same global state.
     torch.manual_seed(derive_seed(cfg.run.seed, "init"))
-    model = build_model(cfg.model)
+    model = build_model(cfg.model, run_seed=cfg.run.seed)  # a fresh connector follows the seed
     # device, dtype policy, activation checkpointing and lane sharding, from outside the model
     layout = LaneLayout(comm.world_size, cfg.model.shard_group_size, comm.rank)
     device = resolve_device(cfg.run.device, comm.local_rank)

@@ -105,7 +105,7 @@ def probe_norms(cfg: Config, speakers: int = 8, rounds: int = 1) -> dict[str, An
         torch.set_num_threads(cfg.run.threads)
     # Same seed -> same random init, so two probes differ only in what the caller changed.
     torch.manual_seed(derive_seed(cfg.run.seed, "calibrate-init"))
-    model = build_model(cfg.model).to(_device(cfg))
+    model = build_model(cfg.model, run_seed=cfg.run.seed).to(_device(cfg))
     groups = trainable_groups(model)
     state = get_trainable(model)
     runner = ClientRunner(model, dict(_trainable_params(model)), groups, cfg.fl, cfg.client,
