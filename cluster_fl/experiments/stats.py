@@ -21,7 +21,7 @@ fresh connector's init -- all drawn from the seed) and the sampling of test spea
   distribution-free, reported beside it) cannot go below p = 2/2^S: 0.0625 with 5 seeds, so it
   could never reject at 0.05, let alone after a correction. The t-test assumes the D_s are
   normal; each is an average over hundreds of utterances, and its false-alarm rate on simulated
-  studies with per-seed random effects is checked in ``tests/experiments/test_stats.py``. Its
+  studies with per-seed random effects is checked in ``tests/experiments/test_study_stats.py``. Its
   population is training randomness on the fixed evaluation set; speaker sampling enters the CI.
 * **One seed**: no seed-level test exists. The fallback (:func:`sign_flip_units`) is a two-sided
   sign-flip test over the speakers' paired error counts, which measures only test-set sampling

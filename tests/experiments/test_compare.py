@@ -1,5 +1,5 @@
 """The paired comparison behind "significantly worse" (`table --against`): the seed-level test and
-the hierarchical CI it reports (their false-alarm rate and power are in test_stats.py), Holm across
+the hierarchical CI it reports (their false-alarm rate and power are in test_study_stats.py), Holm across
 the table, its agreement with the WER table, what it prints, and its refusals."""
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from fakes import write_run
 def test_paired_test_is_the_seed_level_t_test_with_a_hierarchical_ci():
     """paired_test (what `table --against` runs) takes its p from the paired t-test over the
     per-seed WER differences, and its CI from the hierarchical bootstrap: on a planted +0.08
-    with per-seed random effects (test_stats.simulate) both find it, with its sign."""
+    with per-seed random effects (test_study_stats.simulate) both find it, with its sign."""
     from scipy import stats as scipy_stats
 
-    from test_stats import seed_differences, simulate
+    from test_study_stats import seed_differences, simulate
 
     rng = np.random.default_rng(3)
     (ea, eb), w = simulate(rng, (0.0, 0.08))
@@ -38,7 +38,7 @@ def test_paired_test_is_the_seed_level_t_test_with_a_hierarchical_ci():
 
 
 def test_one_seed_falls_back_to_a_speaker_test_and_says_so():
-    from test_stats import simulate
+    from test_study_stats import simulate
 
     rng = np.random.default_rng(4)
     (ea, eb), w = simulate(rng, (0.0, 0.08), seeds=1)
