@@ -93,8 +93,11 @@ class ModelConfig:
     (PyTorch's default init, seed ``connector_seed``) after loading a pretrained (LoRA-free)
     checkpoint -- the paper's starting point, a new projector between a pretrained encoder and a
     pretrained LLM that the federated stage has to learn (issue 14)."""
-    connector_seed: int = 0
-    """Seed of the ``fresh`` connector init: one starting point shared by every method and seed."""
+    connector_seed: int | None = None
+    """Seed of the ``fresh`` connector init. ``null`` (default): the run's seed (``run.seed``; 0
+    for a secure-mode run), so the seeds of a study start from different connectors and its
+    round-0 differs per seed (every method of one seed shares it); an integer pins one init for
+    every seed. Unused (``null``) with ``connector_init: checkpoint``."""
     encoder_path: str | None = None
     """Local path / HF-cache name of the real audio encoder (``from_pretrained``; never downloads)."""
     decoder_path: str | None = None
@@ -131,7 +134,10 @@ class ModelConfig:
         _check(self.connector_init == "checkpoint" or self.checkpoint is not None,
                "model.connector_init", "fresh re-initialises the connector of model.checkpoint; "
                "set model.checkpoint (without one every weight is fresh already)")
-        _range(self.connector_seed, "model.connector_seed", 0, None, integer=True)
+        if self.connector_init == "checkpoint":  # no connector is drawn: nothing to seed
+            object.__setattr__(self, "connector_seed", None)
+        if self.connector_seed is not None:
+            _range(self.connector_seed, "model.connector_seed", 0, None, integer=True)
         _in(self.shard, ("none", "fsdp2", "deepspeed"), "model.shard")
         _range(self.shard_group_size, "model.shard_group_size", 1, 4096, integer=True)
         _check(self.shard_group_size == 1 or self.shard != "none", "model.shard_group_size",
@@ -477,9 +483,14 @@ class PretrainConfig:
     """Central pretraining of a tiny speech-LLM on the public speakers (``cluster-fl pretrain``)."""
 
     minutes: float = 15.0
-    """Wall-clock budget in minutes (0 = no limit; then ``steps`` must be set)."""
+    """With ``steps`` > 0: a wall-clock cap per call in minutes (0 = none); when it runs out
+    before the step budget the unfinished checkpoint is saved and the command fails (run it again
+    to resume). With ``steps`` = 0: the budget itself, which makes the checkpoint depend on the
+    machine's speed."""
     steps: int = 0
-    """Optimiser steps (0 = until the time budget runs out)."""
+    """Optimiser steps: the budget (0 = budget in ``minutes`` of wall clock). The schedule, the
+    warm-start and the data order follow the step count and ``run.seed``, so the checkpoint is
+    the same on a fast and a slow machine."""
     lr: float = 2e-3
     """Peak AdamW learning rate (linear warm-up, cosine decay to ``final_lr`` x lr)."""
     final_lr: float = 0.1
@@ -491,8 +502,9 @@ class PretrainConfig:
     ctc_weight: float = 0.5
     """Weight of the auxiliary CTC loss on the encoder (0 = off)."""
     ctc_warmstart: float = 0.3
-    """Share of the budget (time or steps) that trains only the encoder on CTC, before joint
-    training (0 = joint from the start). With ``mode: separate``: the encoder's share."""
+    """Share of the budget (steps, or time when ``steps`` = 0) that trains only the encoder on
+    CTC, before joint training (0 = joint from the start). CTC-only steps are cheaper, so 30% of
+    the time was ~43% of the steps. With ``mode: separate``: the encoder's share."""
     mode: str = "joint"
     """``joint``: the whole speech-LLM trains on the public speakers (after the CTC warm-start).
     ``separate``: the paper's starting point -- the encoder trains on CTC (audio of the public

@@ -1,11 +1,14 @@
 """``cluster-fl demo``: the embedded default, end to end, on CPU (DESIGN §11).
 
 1. builds the synthetic 8-language corpus (eSpeak NG) in the cache, once;
-2. pretrains the tiny speech-LLM on the public speakers, once (cached);
+2. pretrains the tiny speech-LLM on the public speakers for a budget of steps (the same model on
+   a fast and a slow machine), once (cached per step budget);
 3. runs the study's heavy regime (``assets/demo-heavy.yaml``: a fresh connector that federated
    training has to learn, encoder LR x 0.1, the paper's σ and per-layer thresholds) for each
    method -- flat, α-split, uniform by default -- on the private speakers, through the same
-   ``run_training`` path a cluster run takes;
+   ``run_training`` path a cluster run takes; every 3 rounds a run logs its test WER
+   (``eval.every``), the line to follow while the noised per-round diagnostics of ~24 clients
+   are too noisy to show;
 4. prints a table of WER (speaker-clustered CIs), ε and per-pool effective σ, with the starting
    model (``round-0``: the pretrained model with its new connector, scored on the same evaluation
    set by the same evaluation) beside the methods, then every method paired against flat
@@ -55,10 +58,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--languages", default=None, help="comma-separated subset of languages")
     parser.add_argument("--speakers-per-language", type=int, default=None,
                         help="private speakers per language (smaller corpus, for quick checks)")
-    parser.add_argument("--pretrain-minutes", type=float, default=None,
-                        help="pretraining budget (default: the demo config's)")
     parser.add_argument("--pretrain-steps", type=int, default=None,
-                        help="pretraining steps instead of a time budget")
+                        help="pretraining budget in steps (default: the demo config's)")
+    parser.add_argument("--pretrain-minutes", type=float, default=None,
+                        help="a wall-clock cap on pretraining: when it cuts the step budget short "
+                             "the demo stops with a message and the next call resumes")
     parser.add_argument("--ranks", type=int, default=None,
                         help="processes per federated run (default: the CPU count, at most 4); "
                              "a run is bitwise identical on any number of ranks")
@@ -126,15 +130,16 @@ def run(args: argparse.Namespace) -> int:
     corpus = cache / (f"{DEFAULT_FOLDER}-{'-'.join(langs)}-{args.speakers_per_language}"
                       if reduced else DEFAULT_FOLDER)
     changes["data.corpus"] = str(corpus)
-    ckpt = cache / "pretrain" / corpus.name / cfg.model.arch
-    changes["pretrain.out"] = str(ckpt)
     if args.pretrain_minutes is not None:
         changes["pretrain.minutes"] = args.pretrain_minutes
     if args.pretrain_steps is not None:
         changes["pretrain.steps"] = args.pretrain_steps
-        if args.pretrain_minutes is None:
-            changes["pretrain.minutes"] = 0.0
     cfg = replace(cfg, changes)
+    # one cached checkpoint per step budget: another budget is another starting model
+    budget = (f"{cfg.pretrain.steps}steps" if cfg.pretrain.steps
+              else f"{cfg.pretrain.minutes:g}min")
+    ckpt = cache / "pretrain" / corpus.name / f"{cfg.model.arch}-{budget}"
+    cfg = replace(cfg, {"pretrain.out": str(ckpt)})
 
     _say(f"1/4 synthetic corpus ({len(langs)} languages) -> {corpus}")
     kwargs = {}

@@ -1,6 +1,8 @@
 """``cluster-fl pretrain CONFIG [key=value ...] [--force]``: central pretraining of a tiny
 speech-LLM on the public speakers (:mod:`cluster_fl.training.pretrain`), the stand-in for
-pretrained Whisper / TinyLlama weights."""
+pretrained Whisper / TinyLlama weights. The budget is ``pretrain.steps`` (the same checkpoint on
+any machine speed); ``pretrain.minutes`` caps one call, which then exits 2 with the unfinished
+checkpoint saved, and the next call resumes it."""
 
 from __future__ import annotations
 

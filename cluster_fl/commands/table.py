@@ -1,8 +1,10 @@
 """``cluster-fl table RESULTS... [--format md|csv|latex] [--out FILE] [--against METHOD | --norms]``.
 
-The statistics (mean ± std over seeds, speaker-clustered bootstrap CIs, ε and per-pool σ) are
-:mod:`cluster_fl.experiments.table`; ``--against METHOD`` prints instead every method paired
-against METHOD over seeds and speakers (Δ WER, CI, one-sided p; :mod:`cluster_fl.experiments.compare`);
+The statistics (mean ± std over seeds, hierarchical-bootstrap CIs over seeds and speakers, ε and
+per-pool σ) are :mod:`cluster_fl.experiments.table`; ``--against METHOD`` prints instead every
+method paired against METHOD (Δ WER, hierarchical CI, two-sided seed-level paired t-test,
+Holm-corrected across the table, verdict at the stated level, n seeds × n speakers;
+:mod:`cluster_fl.experiments.compare`);
 ``--norms`` the runs' update norms per component, decoder/encoder ratio and clip rates
 (:mod:`cluster_fl.experiments.norm_table`).
 A damaged results file is a one-line error naming it.
@@ -26,7 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bootstrap", type=int, default=BOOTSTRAP, help="bootstrap resamples")
     parser.add_argument("--against", default=None, metavar="METHOD",
                         help="paired comparison of every method against METHOD (e.g. flat): "
-                             "Δ WER, 95%% CI, one-sided p (md or csv)")
+                             "Δ WER, 95%% CI, two-sided seed-level p, Holm-corrected across "
+                             "the table (md or csv)")
     parser.add_argument("--norms", action="store_true",
                         help="the runs' update norms per component, decoder/encoder ratio and "
                              "clip rates, from their per-round diagnostics (md or csv)")

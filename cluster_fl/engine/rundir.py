@@ -55,7 +55,7 @@ _BOOKKEEPING = RESUME_TOLERATED | {("run", "experiment"), ("run", "run_id"),
 # keys added after runs existed: left out of the id at their default, so old ids stay valid
 _NEW_AT_DEFAULT = {("model", "dtype"): "float32", ("privacy", "grouping"): "matrix",
                    ("pretrain", "mode"): "joint", ("model", "connector_init"): "checkpoint",
-                   ("model", "connector_seed"): 0}
+                   ("model", "connector_seed"): None}  # null: the run's seed (issue 27)
 
 
 def run_id(cfg: Config) -> str:

@@ -217,7 +217,8 @@ def build_world(cfg: Config, comm: Any, log: Callable[[str], None]) -> World:
     # so all ranks -- and a 1-rank run -- start from the same global state.
     torch.manual_seed(derive_seed(cfg.run.seed, "init"))
     layout = LaneLayout(comm.world_size, cfg.model.shard_group_size, comm.rank)
-    model = build_model(cfg.model, meta=sharded_from_meta(cfg, layout))
+    # a fresh connector follows the seed
+    model = build_model(cfg.model, meta=sharded_from_meta(cfg, layout), run_seed=cfg.run.seed)
     # device, dtype policy, activation checkpointing and lane sharding, from outside the model
     device = resolve_device(cfg.run.device, comm.local_rank, comm.local_world_size)
     if layout.group_size > 1:  # the lane's collectives (mesh, shards) start once all have loaded

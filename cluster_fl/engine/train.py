@@ -299,6 +299,8 @@ def _train(cfg: Config, comm: Any, folder: Path, log: Log, stop: StopFlag,
             summary, _ = world.evaluate(state)  # every rank decodes its slice
             if summary is not None:
                 out.row.update({k: v for k, v in summary.items() if k.startswith("wer")})
+                from cluster_fl.engine.evaluation import evaluation_line
+                log(evaluation_line(r, rounds, summary))  # readable where diagnostics are not
         rows.append(out.row)
         log(progress_line(r, rounds, out.row))
         oplog("round", round=r, **out.operator)

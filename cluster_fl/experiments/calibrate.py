@@ -14,11 +14,17 @@ Definitions (the ``--json`` contract, see :func:`calibrate`):
 * ratio = m_decoder / m_encoder: mean decoder-group norm over mean encoder-group norm, with
   groups of component ``decoder`` only (the connector is reported separately and not in the
   ratio: its full weight matrices are not comparable with LoRA factors);
-* recommended α: under ``alpha-split`` with the ``size`` rule an encoder group's threshold is
-  C·√α·√(p_h/P_E), so the median encoder-group threshold is √α·t₁ with t₁ its value at α = 1.
-  We solve √α·t₁ = HEADROOM·m_encoder (HEADROOM = 2: "encoder threshold ≈ 2× the observed
+* the rule works on what the config clips (``privacy.grouping``): its clipping units u (one
+  group each under ``matrix``; one transformer layer of a component under ``layer``,
+  ``cluster_fl.groups.clipping_units``), with unit mean norm m_u = mean over pseudo-clients of
+  ‖Δ_u‖₂ = √(Σ_{h∈u} ‖Δ_h‖₂²) and m_encoder_units = mean of m_u over the encoder units. Under
+  ``layer`` grouping a threshold bounds a whole layer's update, which is ~√(matrices per layer)
+  times one matrix's: comparing it with a matrix norm would ask for far too small an α;
+* recommended α: under ``alpha-split`` with the ``size`` rule an encoder unit's threshold is
+  C·√α·√(p_u/P_E), so the median encoder-unit threshold is √α·t₁ with t₁ its value at α = 1.
+  We solve √α·t₁ = HEADROOM·m_encoder_units (HEADROOM = 2: "encoder threshold ≈ 2× the observed
   norm", so few encoder updates are clipped) and clamp α to [ALPHA_MIN, ALPHA_MAX];
-* the decoder pool keeps √(1−α) of C; each decoder-pool group keeps √((1−α)·P/P_D) of its
+* the decoder pool keeps √(1−α) of C; each decoder-pool unit keeps √((1−α)·P/P_D) of its
   single-pool ``size`` threshold (the paper's "LM per-layer 0.1465 vs global 0.1474");
 * per-pool effective σ_k = σ/√α_k from ``privacy.effective_noise_multipliers``.
 
@@ -43,7 +49,7 @@ import yaml
 
 from cluster_fl.config import Config, load_config, parse_override
 from cluster_fl.errors import UserError
-from cluster_fl.groups import GroupSpec
+from cluster_fl.groups import GroupSpec, clipping_units
 
 HEADROOM = 2.0
 ALPHA_MIN, ALPHA_MAX = 0.005, 0.5
@@ -100,7 +106,7 @@ def probe_norms(cfg: Config, speakers: int = 8, rounds: int = 1) -> dict[str, An
         torch.set_num_threads(cfg.run.threads)
     # Same seed -> same random init, so two probes differ only in what the caller changed.
     torch.manual_seed(derive_seed(cfg.run.seed, "calibrate-init"))
-    model = build_model(cfg.model).to(_device(cfg))
+    model = build_model(cfg.model, run_seed=cfg.run.seed).to(_device(cfg))
     groups = trainable_groups(model)
     state = get_trainable(model)
     runner = ClientRunner(model, dict(_trainable_params(model)), groups, cfg.fl, cfg.client,
@@ -162,16 +168,33 @@ def _mean(xs: Sequence[float]) -> float | None:
     return math.fsum(xs) / len(xs) if xs else None
 
 
-def recommend(groups: Sequence[GroupSpec], mean_norms: dict[str, float], privacy: Any
+def unit_norms(groups: Sequence[GroupSpec], norms: dict[str, list[float]], grouping: str
+               ) -> dict[str, float]:
+    """Mean over pseudo-clients of each clipping unit's norm ‖Δ_u‖₂ = √(Σ_{h∈u} ‖Δ_h‖₂²) for
+    ``privacy.grouping`` (``norms``: per group, one norm per finite update, in client order --
+    :func:`probe_norms`' layout). Under ``matrix`` grouping these are the group mean norms."""
+    from cluster_fl.privacy.clipping import combine_norms
+
+    out = {}
+    for u in clipping_units(groups, grouping):
+        per_client = [combine_norms(list(ns)) for ns in zip(*(norms[h] for h in u.members))]
+        out[u.name] = _mean(per_client)
+    return out
+
+
+def recommend(groups: Sequence[GroupSpec], norms: dict[str, float], privacy: Any
               ) -> dict[str, Any] | None:
     """Recommended α and what it implies under alpha-split/size (module docstring), or None
-    when no encoder group exists. ``privacy`` gives C and σ (a ``PrivacyConfig``)."""
+    when no encoder group exists. ``norms`` maps every clipping unit of ``privacy.grouping``
+    (:func:`unit_norms`; under ``matrix`` grouping: every group) to its mean norm; ``privacy``
+    gives C, σ and the grouping (a ``PrivacyConfig``)."""
     from cluster_fl.privacy import effective_noise_multipliers, make_policy
 
-    enc = [g for g in groups if g.component == "encoder"]
+    units = clipping_units(groups, privacy.grouping)
+    enc = [u for u in units if u.component == "encoder"]
     if not enc:
         return None
-    m_enc = _mean([mean_norms[g.name] for g in enc])
+    m_enc = _mean([norms[u.name] for u in enc])
     if not m_enc or m_enc <= 0:
         raise UserError("calibrate: the encoder groups did not move (client.lr_encoder_mult=0?);"
                         " use model.freeze_encoder=true instead of alpha-split")
@@ -181,26 +204,27 @@ def recommend(groups: Sequence[GroupSpec], mean_norms: dict[str, float], privacy
         return make_policy(cfg, groups)
 
     def median_enc_threshold(policy) -> float:
-        thr = policy.thresholds()
-        return statistics.median(thr[g.name] for g in enc)
+        thr = policy.unit_thresholds()
+        return statistics.median(thr[u.name] for u in enc)
 
     t_half = median_enc_threshold(policy_at(0.5))  # thresholds scale exactly as √α
     raw = 0.5 * (HEADROOM * m_enc / t_half) ** 2
     alpha = min(ALPHA_MAX, max(ALPHA_MIN, raw))
     policy = policy_at(alpha)
     t_enc = median_enc_threshold(policy)
-    size_thr = make_policy(dataclasses.replace(privacy, clipping="size"), groups).thresholds()
-    thr = policy.thresholds()
-    dec_pool = [g for g in groups if g.component != "encoder"]
+    size_thr = make_policy(dataclasses.replace(privacy, clipping="size"), groups).unit_thresholds()
+    thr = policy.unit_thresholds()
+    dec_pool = [u for u in units if u.component != "encoder"]
     pool_sigma, _ = effective_noise_multipliers(policy, privacy.noise_multiplier)
     return {
         "alpha": alpha, "alpha_unclamped": raw, "clamped": raw != alpha,
         "inside_pool": "size", "clip_norm": privacy.clip_norm,
-        "noise_multiplier": privacy.noise_multiplier,
+        "noise_multiplier": privacy.noise_multiplier, "grouping": privacy.grouping,
+        "encoder_units": len(enc), "encoder_unit_norm": m_enc,
         "encoder_threshold_median": t_enc,
         "encoder_headroom": t_enc / m_enc,  # = HEADROOM unless α was clamped
         "decoder_pool_budget": math.sqrt(1.0 - alpha) if dec_pool else 0.0,
-        "decoder_vs_size": (_mean([thr[g.name] / size_thr[g.name] for g in dec_pool])
+        "decoder_vs_size": (_mean([thr[u.name] / size_thr[u.name] for u in dec_pool])
                             if dec_pool else None),
         "effective_noise_multipliers": pool_sigma,
     }
@@ -223,7 +247,11 @@ def summarise(probe: dict[str, Any], privacy: Any) -> dict[str, Any]:
             components[comp] = _mean(vals)
     m_enc, m_dec = components.get("encoder"), components.get("decoder")
     ratio = m_dec / m_enc if m_enc and m_dec is not None else None
-    rec = recommend(groups, mean_norms, privacy)
+    by_unit = unit_norms(groups, probe["norms"], privacy.grouping)
+    units = [{"name": u.name, "component": u.component, "numel": u.numel,
+              "members": list(u.members), "mean_norm": by_unit[u.name]}
+             for u in clipping_units(groups, privacy.grouping)]
+    rec = recommend(groups, by_unit, privacy)
     method, text = advise(ratio)
     warnings = []
     if max(c["steps"] for c in probe["clients"]) <= 1:
@@ -233,8 +261,9 @@ def summarise(probe: dict[str, Any], privacy: Any) -> dict[str, Any]:
     still = sum(1 for m in mean_norms.values() if not m)
     if still:
         warnings.append(f"{still} group(s) did not move in the probe (mean norm 0)")
-    return {"groups": table, "components": components, "ratio": ratio,
-            "recommendation": rec, "method": method, "advice": text, "warnings": warnings,
+    return {"groups": table, "grouping": privacy.grouping, "units": units,
+            "components": components, "ratio": ratio, "recommendation": rec,
+            "method": method, "advice": text, "warnings": warnings,
             "probe": {"split": PUBLIC_SPLIT, "rounds": probe["rounds"],
                       "clients": probe["clients"],
                       "n_nonfinite": sum(not c["finite"] for c in probe["clients"])}}
@@ -244,9 +273,11 @@ def calibrate(cfg: Config, speakers: int = 8, rounds: int = 1) -> dict[str, Any]
     """Probe + summary: the ``--json`` result.
 
     Keys: ``arch``, ``freeze_encoder``, ``groups`` [{name, component, numel, mean_norm,
-    std_norm}], ``components`` {component: mean group norm}, ``ratio`` (float or null),
-    ``recommendation`` (null for a frozen encoder) {alpha, alpha_unclamped, clamped, inside_pool,
-    clip_norm, noise_multiplier, encoder_threshold_median, encoder_headroom,
+    std_norm}], ``grouping`` (``privacy.grouping``), ``units`` [{name, component, numel,
+    members, mean_norm}] (the clipping units the rule works on), ``components`` {component: mean
+    group norm}, ``ratio`` (float or null), ``recommendation`` (null for a frozen encoder)
+    {alpha, alpha_unclamped, clamped, inside_pool, clip_norm, noise_multiplier, grouping,
+    encoder_units, encoder_unit_norm, encoder_threshold_median, encoder_headroom,
     decoder_pool_budget, decoder_vs_size, effective_noise_multipliers {pool: σ_k}},
     ``method``, ``advice``, ``warnings`` [str], ``probe`` {split, rounds, clients,
     n_nonfinite}.
@@ -315,11 +346,14 @@ def format_result(r: dict[str, Any]) -> str:
     if rec is not None:
         clamp = f" (clamped from {rec['alpha_unclamped']:.3g})" if rec["clamped"] else ""
         sig = ", ".join(f"{k} {v:.4g}" for k, v in rec["effective_noise_multipliers"].items())
-        lines += [f"  recommended alpha: {rec['alpha']:.4g}{clamp}",
-                  f"    median encoder threshold {rec['encoder_threshold_median']:.4g} = "
-                  f"{rec['encoder_headroom']:.2f}x the mean encoder norm (C = {rec['clip_norm']:g})",
+        unit = "layer" if rec["grouping"] == "layer" else "matrix"
+        lines += [f"  recommended alpha: {rec['alpha']:.4g}{clamp} (privacy.grouping: "
+                  f"{rec['grouping']}: {rec['encoder_units']} encoder clipping units)",
+                  f"    median encoder {unit} threshold {rec['encoder_threshold_median']:.4g} = "
+                  f"{rec['encoder_headroom']:.2f}x the mean encoder {unit} norm "
+                  f"{rec['encoder_unit_norm']:.4g} (C = {rec['clip_norm']:g})",
                   f"    decoder pool keeps sqrt(1-alpha) = {rec['decoder_pool_budget']:.4f} of C; "
-                  f"its groups keep {rec['decoder_vs_size']:.4f} of their single-pool size "
+                  f"its {unit}s keep {rec['decoder_vs_size']:.4f} of their single-pool size "
                   "thresholds",
                   f"    effective sigma per pool (sigma = {rec['noise_multiplier']:g}): {sig}"]
     lines += [f"  advice: {r['method']}", "  " + r["advice"]]

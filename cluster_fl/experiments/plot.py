@@ -16,8 +16,8 @@
 * ``wer_vs_alpha.png`` -- WER (mean ± std over seeds) against α per arch × condition, with flat
   DP as a dashed reference where present.
 * ``wer_by_method.png`` -- one panel per arch × condition: WER per method (bar: mean over seeds,
-  whisker: the WER table's 95% speaker-clustered CI, dots: the seeds), the starting model
-  (``round-0``) as a dotted line where present.
+  whisker: the WER table's 95% hierarchical CI over seeds and speakers, dots: the seeds), the
+  starting model (``round-0``) as a dotted line where present.
 * ``clip_rates__<arch>__<condition>.png`` -- per round, mean over seeds: the fraction of clients
   clipped, one line per DP method (left), and the fraction of each pool's update norm that
   survives clipping, one line per method × pool (right: where C binds for every client the clip
@@ -276,7 +276,7 @@ def plot_wer_by_method(runs: Sequence[Run], path: Path) -> bool:
         ax.bar(x, means, color="#c7d7e8", edgecolor="k", width=0.7)
         ax.errorbar(x, means, yerr=[np.maximum(means - low, 0), np.maximum(high - means, 0)],
                     fmt="none", ecolor="k",
-                    capsize=4, label="95% CI (speakers, pooled over seeds)")
+                    capsize=4, label="95% CI (seeds and speakers)")
         for i, c in enumerate(mine):
             ax.scatter(np.full(c.n, i) + np.linspace(-0.15, 0.15, c.n), [r.wer for r in c.runs],
                        s=12, color="tab:red", zorder=3, label="seeds" if i == 0 else None)

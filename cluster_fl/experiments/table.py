@@ -1,11 +1,14 @@
 """``cluster-fl table RESULTS...``: the paper's tables from run folders.
 
 Layout: rows architecture x condition (frozen / unfrozen encoder), columns methods. A cell is the
-WER mean ± sample std (ddof = 1) over seeds, with a 95% CI from a percentile bootstrap clustered
-by speaker and pooled over seeds: one resample draws, independently for every seed's run, that
-run's evaluated speakers with replacement, computes the run's WER (Σ word errors / Σ reference
-words over the drawn speakers' utterances), and averages over seeds -- the same statistic as the
-cell's mean, so the CI is the uncertainty of that mean given the test speakers. A second table lists
+WER mean ± sample std (ddof = 1) over seeds, with a 95% CI from the hierarchical bootstrap of
+:mod:`cluster_fl.experiments.stats`: one resample draws the cell's seeds with replacement and the
+evaluated speakers with replacement -- one speaker draw for every seed -- computes each drawn
+run's WER (Σ word errors / Σ reference words over the drawn speakers' utterances) and averages
+over the drawn seeds: the same statistic as the cell's mean, so the CI covers both training
+randomness (seeds) and the sampling of test speakers. The draws depend only on the numbers of
+seeds and speakers, so cells with the same seeds and speakers share them (one draw across
+methods). A second table lists
 ε, δ, the guarantee behind ε (``valid``: secure mode; ``simulation``: research mode, whose
 recorded seed regenerates the noise; ``void``; ``none``: the weakest among the cell's runs) and the
 per-pool effective noise multipliers σ_k = σ/√α_k.
@@ -30,6 +33,7 @@ import numpy as np
 
 from cluster_fl.experiments.results import Run, fmt, method_key
 from cluster_fl.privacy.accounting import GUARANTEE_ORDER
+from cluster_fl.experiments.stats import bootstrap_draws, percentile_interval, replicate_means
 
 BOOTSTRAP = 2000
 
@@ -56,39 +60,28 @@ class Cell:
         return len(self.runs)
 
 
-def speaker_sums(rows: Sequence[dict]) -> tuple[np.ndarray, np.ndarray]:
-    """Per-speaker (word errors, reference words) of one run's evaluation rows."""
-    errors: dict[str, float] = defaultdict(float)
-    words: dict[str, float] = defaultdict(float)
-    for r in rows:
-        errors[str(r["speaker"])] += float(r["word_errors"])
-        words[str(r["speaker"])] += float(r["ref_words"])
-    keys = sorted(errors)
-    return np.array([errors[k] for k in keys]), np.array([words[k] for k in keys])
-
-
 def clustered_bootstrap_ci(per_run_rows: Sequence[Sequence[dict]], resamples: int = BOOTSTRAP,
                            seed: int = 0, level: float = 0.95) -> tuple[float, float]:
-    """Percentile CI of the seed-averaged WER, resampling speakers within each run's eval rows."""
-    rng = np.random.default_rng(seed)
-    stats = np.zeros(resamples)
-    used = 0
-    for rows in per_run_rows:
-        errors, words = speaker_sums(rows)
-        if len(errors) == 0:
-            continue
-        idx = rng.integers(0, len(errors), size=(resamples, len(errors)))
-        drawn_words = words[idx].sum(axis=1)
-        # a resample of speakers with no reference words has no WER; count it as 0 errors/0 words
-        stats += np.divide(errors[idx].sum(axis=1), drawn_words, out=np.zeros(resamples),
-                           where=drawn_words > 0)
-        used += 1
-    if used == 0:
+    """Percentile CI of the seed-averaged WER of one cell (one entry of ``per_run_rows`` per
+    seed): the hierarchical bootstrap over seeds and speakers, one speaker draw shared by every
+    seed (speakers keyed by name; a speaker a run did not score counts 0 errors, 0 words)."""
+    per_run = [speaker_sums(rows) for rows in per_run_rows if rows]
+    if not per_run:
         return float("nan"), float("nan")
-    stats /= used
-    tail = (1 - level) / 2 * 100
-    low, high = np.percentile(stats, [tail, 100 - tail])
-    return float(low), float(high)
+    keys = sorted({k for run in per_run for k in run})
+    errors = np.array([[run.get(k, (0.0, 0.0))[0] for k in keys] for run in per_run])
+    words = np.array([[run.get(k, (0.0, 0.0))[1] for k in keys] for run in per_run])
+    draws = bootstrap_draws(len(per_run), len(keys), resamples, seed)
+    return percentile_interval(replicate_means(errors, words, draws), level)
+
+
+def speaker_sums(rows: Sequence[dict]) -> dict[str, tuple[float, float]]:
+    """{speaker: (word errors, reference words)} of one run's evaluation rows."""
+    sums: dict[str, tuple[float, float]] = {}
+    for r in rows:
+        e, w = sums.get(str(r["speaker"]), (0.0, 0.0))
+        sums[str(r["speaker"])] = (e + float(r["word_errors"]), w + float(r["ref_words"]))
+    return sums
 
 
 def _seed(run: Run) -> int | None:
@@ -154,7 +147,8 @@ def _pools(cells: Sequence[Cell]) -> list[str]:
 def to_markdown(cells: Sequence[Cell]) -> str:
     """Both tables as GitHub markdown."""
     rows, methods, index = _layout(cells)
-    out = ["WER: mean ± std over seeds [95% CI, speaker-clustered bootstrap pooled over seeds] (n seeds)",
+    out = ["WER: mean ± std over seeds [95% CI, hierarchical bootstrap over seeds and speakers, one "
+           "speaker draw shared by every seed and method] (n seeds)",
            "", "| arch | condition | " + " | ".join(methods) + " |",
            "|---|---|" + "---|" * len(methods)]
     for arch, cond in rows:
@@ -182,7 +176,8 @@ def _tex(s: str) -> str:
 def to_latex(cells: Sequence[Cell]) -> str:
     """Both tables as LaTeX (booktabs)."""
     rows, methods, index = _layout(cells)
-    out = [r"% WER: mean $\pm$ std over seeds [95% speaker-clustered bootstrap CI] (n seeds)",
+    out = [r"% WER: mean $\pm$ std over seeds [95% CI, hierarchical bootstrap over seeds and "
+           r"speakers] (n seeds)",
            r"\begin{tabular}{ll" + "c" * len(methods) + "}", r"\toprule",
            "arch & condition & " + " & ".join(_tex(m) for m in methods) + r" \\", r"\midrule"]
     for arch, cond in rows:

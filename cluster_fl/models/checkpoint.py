@@ -96,13 +96,23 @@ def reinit_connector(model: SpeechLLM, seed: int) -> None:
             m.reset_parameters()
 
 
+def connector_seed(model_cfg: ModelConfig, run_seed: int | None) -> int:
+    """The seed of a ``fresh`` connector: ``model.connector_seed`` when set, else the run's seed
+    (0 for a secure-mode run, which has none: its replicates share the init, as they share the
+    LoRA init)."""
+    if model_cfg.connector_seed is not None:
+        return model_cfg.connector_seed
+    return 0 if run_seed is None else int(run_seed)
+
+
 def build_model(model_cfg: ModelConfig, tokenizer: Tokenizer | None = None, *,
                 meta: bool = False, weights: Any = None,
-                depth: tuple[int, int] | None = None) -> SpeechLLM:
+                depth: tuple[int, int] | None = None, run_seed: int | None = None) -> SpeechLLM:
     """The model a run trains: base (``model.checkpoint`` when given) plus LoRA from the config.
 
     A checkpoint that already carries LoRA (a federated checkpoint) must match the config's
-    rank and encoder freezing; it is returned as saved.
+    rank and encoder freezing; it is returned as saved. ``run_seed`` (``run.seed``) seeds a
+    ``fresh`` connector unless ``model.connector_seed`` pins it (:func:`connector_seed`).
 
     Real architectures: the weights no checkpoint holds (LoRA, the stacking connector) come from
     one seed drawn from the global RNG before anything is built (:func:`init_new_weights`), so
@@ -125,7 +135,7 @@ def build_model(model_cfg: ModelConfig, tokenizer: Tokenizer | None = None, *,
         raise UserError(f"model.connector_init=fresh: {model_cfg.checkpoint} is a federated "
                         "checkpoint (it carries LoRA); start from a pretrained one")
     if model_cfg.connector_init == "fresh":
-        reinit_connector(model, model_cfg.connector_seed)
+        reinit_connector(model, connector_seed(model_cfg, run_seed))
     if lora is None:
         return apply_lora(model, model_cfg)
     if (lora["rank"], lora["freeze_encoder"]) != (model_cfg.lora_rank, model_cfg.freeze_encoder):

@@ -2,9 +2,18 @@
 
 This is the stand-in for pretrained Whisper / TinyLlama weights: all weights train (no LoRA),
 with an auxiliary CTC loss on the encoder (weight ``pretrain.ctc_weight``), AdamW, linear
-warm-up then cosine decay over the budget (steps or wall-clock minutes, whichever ends first).
-The first ``pretrain.ctc_warmstart`` of the budget trains only the encoder on CTC: from random
-init the encoder is the slow part, and an encoder-only step costs ~40% of a joint one.
+warm-up then cosine decay over the budget. The first ``pretrain.ctc_warmstart`` of the budget
+trains only the encoder on CTC: from random init the encoder is the slow part, and an
+encoder-only step costs ~40-60% of a joint one.
+
+**The budget is in steps** (``pretrain.steps``): the schedule, the warm-start and the data order
+are functions of (``run.seed``, step), so a checkpoint rebuilt from scratch on this machine is
+bitwise the same, and another machine gets the same recipe (within its float arithmetic), fast or
+slow. ``pretrain.minutes`` is then only a cap per invocation: when it runs out before the step
+budget, the unfinished checkpoint is saved and the command fails with a message; run it again to
+resume (the resumed result equals one uninterrupted run). With ``pretrain.steps: 0`` the budget
+is ``pretrain.minutes`` of wall clock, whose checkpoint depends on the machine's speed and load
+(the default before issue 27; a warning says so).
 With ``pretrain.mode: separate`` the second phase trains only the decoder, as a character LM on
 the public transcripts (no audio), and the connector keeps its random init: the stand-in for a
 speech encoder and an LLM pretrained apart, which the federated stage then joins (the paper's
@@ -12,7 +21,8 @@ setting); held-out WER is then the encoder's greedy CTC WER.
 A few public speakers per language are held out to report WER while training. The checkpoint
 (+ tokenizer) is written atomically to ``pretrain.out``; federated runs start from it through
 ``model.checkpoint``. A finished checkpoint is reused unless ``--force``; an unfinished one is
-resumed (weights, optimiser state and step count).
+resumed (weights, optimiser state and step count). Either only when its recorded recipe
+(:func:`recipe`: what determines the weights) is the config's; another is refused by name.
 """
 
 from __future__ import annotations
@@ -51,6 +61,13 @@ def split_heldout(examples: Sequence[Any], per_language: int, seed: int
         held.update(rng.choice(names, size=per_language, replace=False).tolist())
     return ([e for e in examples if e.speaker not in held],
             [e for e in examples if e.speaker in held])
+
+
+def epoch_batches(lengths: Sequence[int], batch_size: int, seed: int, epoch: int
+                  ) -> list[list[int]]:
+    """Epoch ``epoch``'s batches: :func:`batch_order` from a generator of (seed, epoch) alone,
+    so step s always trains on the same batch, whether the run was resumed or not."""
+    return batch_order(lengths, batch_size, np.random.default_rng([seed, epoch]))
 
 
 def batch_order(lengths: Sequence[int], batch_size: int, rng: np.random.Generator
@@ -97,15 +114,21 @@ def train(model: SpeechLLM, examples: Sequence[Any], *, lr: float, batch_size: i
           optimizer: torch.optim.Optimizer | None = None, start_step: int = 0,
           start_elapsed: float = 0.0, joint_start: int | None = None, separate: bool = False,
           log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Train all weights of ``model`` on ``examples``; returns step, elapsed_s, losses, optimizer.
+    """Train all weights of ``model`` on ``examples``; returns step, elapsed_s, losses,
+    optimizer, joint_start and ``capped``.
 
-    Stops after ``steps`` (if > 0) or ``minutes`` of wall clock (if > 0), whichever comes first.
-    The first ``ctc_warmstart`` of that budget trains only the encoder and its CTC head (a step
-    costs ~40% of a joint one, and the encoder is what the joint model learns slowest); the rest
-    trains everything on cross-entropy + ``ctc_weight`` x CTC. ``joint_start`` is the step at
-    which the joint phase began (None: not yet), for resuming. ``on_eval(step, elapsed, joint_start)``
-    runs every ``eval_every`` steps (its time counts in the budget). ``separate``: the phase
-    after the warm-start trains the decoder alone on the transcripts (a text LM).
+    Budget: with ``steps`` > 0 the run trains ``steps`` steps; the LR schedule and the warm-start
+    are fractions of that, and step s trains on :func:`epoch_batches` of (seed, s // batches per
+    epoch), so the result depends on the seed, never on the machine's speed. ``minutes`` > 0 is
+    then a cap on THIS call: when it runs out first the call returns early with ``capped`` True
+    (resume with ``start_step`` to finish). With ``steps`` == 0 the budget is ``minutes`` of wall
+    clock in all (``start_elapsed`` included) and the schedule follows the clock.
+    The first ``ctc_warmstart`` of the budget trains only the encoder and its CTC head (the
+    encoder is what the joint model learns slowest); the rest trains everything on
+    cross-entropy + ``ctc_weight`` x CTC. ``joint_start`` is the step at which the joint phase
+    began (None: not yet), for resuming. ``on_eval(step, elapsed, joint_start)`` runs every
+    ``eval_every`` steps (its time counts in a wall-clock budget). ``separate``: the phase after
+    the warm-start trains the decoder alone on the transcripts (a text LM).
     """
     if steps <= 0 and minutes <= 0:
         raise ValueError("train: give steps or minutes")
@@ -119,13 +142,22 @@ def train(model: SpeechLLM, examples: Sequence[Any], *, lr: float, batch_size: i
     for group in opt.param_groups:
         group.setdefault("initial_lr", lr)
     lengths = [e.features.shape[-1] for e in examples]
-    rng = np.random.default_rng(seed + start_step)  # a resumed run continues a fresh shuffle
+    per_epoch = len(epoch_batches(lengths, batch_size, seed, 0))
     budget_s = minutes * 60.0
-    began = time.monotonic() - start_elapsed
-    step, losses, queue = start_step, [], []
+    started = time.monotonic()
+    began = started - start_elapsed
+    step, losses, capped = start_step, [], False
+    epoch, order = -1, []
     while True:
-        elapsed = time.monotonic() - began
-        progress = max(step / steps if steps else 0.0, elapsed / budget_s if budget_s else 0.0)
+        now = time.monotonic()
+        elapsed = now - began
+        if steps:
+            progress = step / steps
+            if progress < 1.0 and budget_s and now - started >= budget_s:
+                capped = True  # the cap ran out before the step budget
+                break
+        else:
+            progress = elapsed / budget_s
         if progress >= 1.0:
             break
         if joint_start is None and progress >= ctc_warmstart:
@@ -134,9 +166,10 @@ def train(model: SpeechLLM, examples: Sequence[Any], *, lr: float, batch_size: i
                 log(f"step {step:6d}  {elapsed / 60:5.1f} min  CTC warm-start done; training "
                     + ("the decoder alone on the transcripts" if separate
                        else "encoder, connector and decoder"))
-        if not queue:
-            queue = batch_order(lengths, batch_size, rng)
-        idx = queue.pop()
+        if step // per_epoch != epoch:
+            epoch = step // per_epoch
+            order = epoch_batches(lengths, batch_size, seed, epoch)
+        idx = order[step % per_epoch]
         texts, langs = [examples[i].transcript for i in idx], [examples[i].language for i in idx]
         lm_only = separate and joint_start is not None
         batch = None if lm_only else collate([examples[i].features for i in idx], texts, langs)
@@ -163,7 +196,7 @@ def train(model: SpeechLLM, examples: Sequence[Any], *, lr: float, batch_size: i
             on_eval(step, time.monotonic() - began, joint_start)
             model.train()
     return {"step": step, "elapsed_s": time.monotonic() - began, "losses": losses,
-            "optimizer": opt, "joint_start": joint_start}
+            "optimizer": opt, "joint_start": joint_start, "capped": capped}
 
 
 def _load_public(cfg: Config) -> list[Any]:
@@ -177,11 +210,52 @@ def _load_public(cfg: Config) -> list[Any]:
     return examples
 
 
+# pretrain keys that do not change the weights: where they go, how often and how much of the
+# held-out set is decoded (evaluation never touches the weights or a random generator), and the
+# minutes cap of a step budget (it can only stop a run, which then resumes to the same result)
+_NOT_IN_RECIPE = ("out", "eval_every", "eval_utterances")
+
+
+def recipe(cfg: Config) -> dict[str, Any]:
+    """What determines a pretrained checkpoint's weights (recorded in its ``meta.json``): the
+    architecture, the corpus (its folder name) and languages, the seed and the pretrain keys
+    but those of ``_NOT_IN_RECIPE`` (and ``minutes`` under a step budget, where it is a cap)."""
+    from dataclasses import asdict
+
+    pc = {k: v for k, v in asdict(cfg.pretrain).items() if k not in _NOT_IN_RECIPE}
+    if cfg.pretrain.steps:
+        pc.pop("minutes")
+    return {"arch": cfg.model.arch, "corpus": Path(cfg.data.corpus).expanduser().name,
+            "languages": list(cfg.data.languages), "seed": cfg.run.seed, "pretrain": pc}
+
+
+def _check_recipe(out: Path, cfg: Config) -> None:
+    """Refuse to reuse or resume a checkpoint that another recipe wrote (or an older version,
+    which recorded none), naming what differs."""
+    found, wanted = read_meta(out).get("recipe"), recipe(cfg)
+    if found == wanted:
+        return
+    if found is None:
+        why = "it records no recipe (written before pretraining was budgeted in steps)"
+    else:
+        mine, theirs = wanted["pretrain"], found.get("pretrain", {})
+        diffs = [(k, found.get(k), wanted[k]) for k in ("arch", "corpus", "languages", "seed")
+                 if found.get(k) != wanted[k]]
+        diffs += [(f"pretrain.{k}", theirs.get(k), mine.get(k))
+                  for k in sorted(set(mine) | set(theirs)) if theirs.get(k) != mine.get(k)]
+        why = "it was trained with other " + ", ".join(
+            f"{k} ({there} there, {here} here)" for k, there, here in diffs)
+    raise UserError(f"pretrain: {out} holds a checkpoint of another recipe: {why}; use another "
+                    "pretrain.out, or --force to retrain it")
+
+
 def pretrain(cfg: Config, examples: Sequence[Any] | None = None, force: bool = False,
              log: Callable[[str], None] = print) -> dict[str, Any]:
     """Pretrain ``cfg.model.arch`` on the public speakers and save to ``cfg.pretrain.out``.
 
-    Returns ``{"out", "step", "elapsed_s", "wer", "history", "cached"}``.
+    Returns ``{"out", "step", "elapsed_s", "wer", "history", "cached"}``. Raises a UserError when
+    ``pretrain.minutes`` caps a step budget short (the unfinished checkpoint is saved; calling
+    again resumes it).
     """
     pc = cfg.pretrain
     out = Path(pc.out).expanduser()
@@ -192,6 +266,8 @@ def pretrain(cfg: Config, examples: Sequence[Any] | None = None, force: bool = F
         raise UserError(f"pretrain: {out} holds a pretrain.mode={read_meta(out).get('mode', 'joint')} "
                         f"checkpoint, this config asks for {pc.mode}; use another pretrain.out "
                         "or --force")
+    if (out / "meta.json").is_file() and not force:
+        _check_recipe(out, cfg)
     if (out / "meta.json").is_file() and read_meta(out).get("done") and not force:
         meta = read_meta(out)
         log(f"pretrained checkpoint found at {out} (WER {meta.get('wer')}); use --force to redo")
@@ -205,6 +281,12 @@ def pretrain(cfg: Config, examples: Sequence[Any] | None = None, force: bool = F
                                                            replace=False)
         heldout = [heldout[i] for i in sorted(pick)]
     log(f"pretrain {cfg.model.arch}: {len(train_set)} train / {len(heldout)} held-out utterances")
+    if pc.steps:
+        log(f"budget: {pc.steps} steps from run.seed {cfg.run.seed} (the same checkpoint on any "
+            "machine speed)" + (f"; at most {pc.minutes:g} min per call" if pc.minutes else ""))
+    else:
+        log(f"budget: {pc.minutes:g} min of wall clock -- the checkpoint depends on this "
+            "machine's speed and load; set pretrain.steps for a reproducible one")
 
     start_step, start_elapsed, history, opt_state, joint_start = 0, 0.0, [], None, None
     if (out / "meta.json").is_file() and not force and (out / "train_state.pt").is_file():
@@ -213,6 +295,8 @@ def pretrain(cfg: Config, examples: Sequence[Any] | None = None, force: bool = F
         start_step, start_elapsed = state["step"], state["elapsed_s"]
         history, opt_state = state["history"], state["optimizer"]
         joint_start = state.get("joint_start", 0)
+        if "torch_rng" in state:  # the generator as it was at that step (dropout, if any)
+            torch.set_rng_state(state["torch_rng"])
         log(f"resuming from step {start_step} ({start_elapsed / 60:.1f} min)")
     else:
         model = build_base(cfg.model)
@@ -242,11 +326,12 @@ def pretrain(cfg: Config, examples: Sequence[Any] | None = None, force: bool = F
                 f"{'CTC (encoder) ' if separate else ''}WER {wer:.3f}  CER {cer:.3f}")
         save_checkpoint(model, model.tokenizer, out, extra={
             "done": done, "step": step, "elapsed_s": elapsed, "wer": wer, "history": history,
-            "ctc_warmstart_steps": joint, "mode": pc.mode,
+            "ctc_warmstart_steps": joint, "mode": pc.mode, "recipe": recipe(cfg),
             "wer_kind": "encoder CTC greedy" if separate else "speech-LLM greedy"})
         tmp = out / "train_state.pt.tmp"
         torch.save({"step": step, "elapsed_s": elapsed, "history": history,
-                    "joint_start": joint, "optimizer": opt.state_dict()}, tmp)
+                    "joint_start": joint, "optimizer": opt.state_dict(),
+                    "torch_rng": torch.get_rng_state()}, tmp)
         os.replace(tmp, out / "train_state.pt")
         return wer
 
@@ -258,6 +343,13 @@ def pretrain(cfg: Config, examples: Sequence[Any] | None = None, force: bool = F
                    on_eval=lambda s, e, j: checkpoint(s, e, False, j), optimizer=opt,
                    start_step=start_step, start_elapsed=start_elapsed, joint_start=joint_start,
                    separate=separate, log=log)
+    if result["capped"]:
+        checkpoint(result["step"], result["elapsed_s"], False, result["joint_start"])
+        raise UserError(f"pretrain: the pretrain.minutes cap ({pc.minutes:g} min per call) ran out "
+                        f"at step {result['step']} of the pretrain.steps budget {pc.steps}; the "
+                        f"unfinished checkpoint in {out} is saved and is not a starting model. Run "
+                        "the same command again to resume it (the result is that of one "
+                        "uninterrupted run), or raise pretrain.minutes (0: no cap)")
     # A budget spent entirely on the CTC warm-start still gets its (poor) WER measured.
     joint = result["joint_start"] if result["joint_start"] is not None else result["step"]
     wer = checkpoint(result["step"], result["elapsed_s"], True, joint)

@@ -38,3 +38,13 @@ def test_lanes_take_disjoint_batches_that_together_are_the_one_lane_plan():
     one = ShardedEvaluation(None, utts, LaneLayout(1, 1, 0), 4, 8, 0, 0).my_batches()
     assert sorted(b for lane in lanes for b in lane) == sorted(one)
     assert sum(map(len, lanes)) == len(one)
+
+
+def test_a_mid_run_evaluation_logs_a_readable_wer_line():
+    from cluster_fl.engine.evaluation import evaluation_line
+
+    summary = {"wer": 0.91234, "wer_ci_low": 0.875, "wer_ci_high": 0.9612, "n_utterances": 240}
+    assert evaluation_line(3, 12, summary) == "round 3/12: test WER 0.912 [0.875, 0.961] (240 utterances)"
+    # without a bootstrap (eval.bootstrap: 0) the CI is NaN and left out
+    summary.update(wer_ci_low=float("nan"), wer_ci_high=float("nan"))
+    assert evaluation_line(3, 12, summary) == "round 3/12: test WER 0.912 (240 utterances)"

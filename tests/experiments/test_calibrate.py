@@ -157,3 +157,77 @@ def test_cli_rejects_a_corpus_without_public_speakers(tmp_path, capsys):
     code = main(["calibrate", str(ARCH), f"data.corpus={tmp_path}", "run.device=cpu"])
     assert code == 2
     assert "public" in capsys.readouterr().err
+
+
+# ---- the rule on what the config clips (privacy.grouping) -------------------------------------
+def _layered_probe() -> dict:
+    """A synthetic probe of 2 pseudo-clients with a known norm profile. Encoder: 2 layers, each
+    a LoRA A (norm 0.01) and B (norm 0.07) of 100 entries; connector 1000 + 10 entries (norm 1);
+    decoder: 2 layers of A and B, 200 entries each (norm 0.2). Every client has the same norms."""
+    groups, norms = [], {}
+    for comp, prefix, numel, a, b in (("encoder", "encoder.layers", 100, 0.01, 0.07),
+                                      ("decoder", "decoder.model.layers", 200, 0.2, 0.2)):
+        for layer in range(2):
+            for factor, value in (("lora_A", a), ("lora_B", b)):
+                name = f"{prefix}.{layer}.self_attn.q_proj.{factor}"
+                groups.append(GroupSpec(name, comp, numel))
+                norms[name] = [value, value]
+    for name, numel in (("connector.proj.weight", 1000), ("connector.proj.bias", 10)):
+        groups.append(GroupSpec(name, "connector", numel))
+        norms[name] = [1.0, 1.0]
+    clients = [{"round": 0, "client_id": i, "speaker": f"s{i}", "language": "en",
+                "utterances": 4, "steps": 3, "loss": 1.0, "finite": True} for i in range(2)]
+    return {"groups": groups, "norms": norms, "clients": clients, "rounds": 1}
+
+
+@pytest.mark.parametrize("grouping, alpha, unit_norm, units", [
+    # matrix: 4 encoder groups of 100 entries, size rule -> C_h = sqrt(alpha) * sqrt(100/400);
+    # mean group norm (0.01 + 0.07) / 2 = 0.04; sqrt(alpha)/2 = 2 * 0.04 -> alpha = 0.0256
+    ("matrix", 0.0256, 0.04, 4),
+    # layer: 2 encoder layers of 200 entries -> C_u = sqrt(alpha) * sqrt(1/2); a layer's norm is
+    # sqrt(0.01^2 + 0.07^2) = 0.0707; sqrt(alpha/2) = 2 * 0.0707 -> alpha = 0.04
+    ("layer", 0.04, math.sqrt(0.005), 2),
+])
+def test_the_headroom_rule_works_on_the_units_the_config_clips(grouping, alpha, unit_norm, units):
+    privacy = PrivacyConfig(clip_norm=1.0, noise_multiplier=0.1, grouping=grouping)
+    out = cal.summarise(_layered_probe(), privacy)
+    rec = out["recommendation"]
+    assert rec["alpha"] == pytest.approx(alpha, rel=1e-9) and not rec["clamped"]
+    assert rec["grouping"] == grouping and rec["encoder_units"] == units
+    assert rec["encoder_unit_norm"] == pytest.approx(unit_norm, rel=1e-9)
+    assert rec["encoder_threshold_median"] == pytest.approx(2 * unit_norm, rel=1e-9)
+    assert rec["encoder_headroom"] == pytest.approx(2.0)
+    assert rec["decoder_pool_budget"] == pytest.approx(math.sqrt(1 - alpha))
+    assert out["grouping"] == grouping and len(
+        [u for u in out["units"] if u["component"] == "encoder"]) == units
+    # the same alpha, as the run's own policy computes it: its encoder units' median threshold
+    # is twice their mean norm
+    from cluster_fl.privacy import make_policy
+    policy = make_policy(PrivacyConfig(clip_norm=1.0, clipping="alpha-split", alpha=rec["alpha"],
+                                       grouping=grouping), _layered_probe()["groups"])
+    enc = [u for u in out["units"] if u["component"] == "encoder"]
+    thr = policy.unit_thresholds()
+    assert statistics.median(thr[u["name"]] for u in enc) == pytest.approx(2 * unit_norm)
+
+
+def test_layer_grouping_of_the_study_asks_for_alpha_about_0_02():
+    """The issue's arithmetic: the tiny model's layout (3 encoder layers of 6 LoRA matrices of
+    512 entries) with the study runs' encoder layer norm 0.0415 (per-matrix 0.0415 / sqrt 6).
+    Under layer grouping each encoder layer's threshold is sqrt(alpha/3); 2x headroom gives
+    alpha = 3 * (2 * 0.0415)^2 = 0.0207 -- not the 0.1282 the study used."""
+    groups, norms = [], {}
+    per_matrix = 0.0415 / math.sqrt(6)
+    for layer in range(3):
+        for proj in ("q", "k", "v"):
+            for factor in ("lora_A", "lora_B"):
+                name = f"encoder.layers.{layer}.self_attn.{proj}_proj.{factor}"
+                groups.append(GroupSpec(name, "encoder", 512))
+                norms[name] = [per_matrix]
+    for layer in range(3):
+        name = f"decoder.model.layers.{layer}.self_attn.q_proj.lora_B"
+        groups.append(GroupSpec(name, "decoder", 768))
+        norms[name] = [0.2]
+    rec = cal.recommend(groups, cal.unit_norms(groups, norms, "layer"),
+                        PrivacyConfig(clip_norm=1.0, grouping="layer"))
+    assert rec["alpha"] == pytest.approx(3 * (2 * 0.0415) ** 2, rel=1e-9)
+    assert rec["alpha"] == pytest.approx(0.0207, abs=5e-5)

@@ -1,5 +1,6 @@
-"""The paired comparison behind "significantly worse": its false-alarm rate on null data, its
-power on a planted difference, its agreement with the WER table, and its refusals."""
+"""The paired comparison behind "significantly worse" (`table --against`): the seed-level test and
+the hierarchical CI it reports (their false-alarm rate and power are in test_study_stats.py), Holm across
+the table, its agreement with the WER table, what it prints, and its refusals."""
 
 from __future__ import annotations
 
@@ -7,43 +8,52 @@ import numpy as np
 import pytest
 
 from cluster_fl.errors import UserError
-from cluster_fl.experiments.compare import compare, paired_test, verdict
+from cluster_fl.experiments.compare import Comparison, compare, paired_test, verdict
 from cluster_fl.experiments.results import find_runs
 from cluster_fl.experiments.table import summarise
 
+from cluster_fl.experiments.stats import holm
 from fakes import write_run
 
 
-def _speakers(rng, n_seeds=3, n_speakers=32, words=60, base=None, shift=0.0):
-    """Per-seed speaker error counts: heterogeneous speakers (WER 0.05-0.6), binomial errors."""
-    base = rng.uniform(0.05, 0.6, size=n_speakers) if base is None else base
-    w = [np.full(n_speakers, float(words)) for _ in range(n_seeds)]
-    e = [rng.binomial(words, np.clip(base + shift, 0, 1)).astype(float) for _ in range(n_seeds)]
-    return base, e, w
+def test_paired_test_is_the_seed_level_t_test_with_a_hierarchical_ci():
+    """paired_test (what `table --against` runs) takes its p from the paired t-test over the
+    per-seed WER differences, and its CI from the hierarchical bootstrap: on a planted +0.08
+    with per-seed random effects (test_study_stats.simulate) both find it, with its sign."""
+    from scipy import stats as scipy_stats
+
+    from test_study_stats import seed_differences, simulate
+
+    rng = np.random.default_rng(3)
+    (ea, eb), w = simulate(rng, (0.0, 0.08))
+    res = paired_test(ea, eb, w, resamples=2000)
+    d = seed_differences(ea, eb, w)
+    assert res.delta == pytest.approx(d.mean())
+    assert res.p == pytest.approx(scipy_stats.ttest_1samp(d, 0.0).pvalue)
+    assert res.test == "paired t, 5 seeds" and res.p < 0.01 and res.ci_low > 0
+    assert res.p_sign_flip == pytest.approx(2 / 32)  # five positive seeds: the exact test's floor
+    back = paired_test(eb, ea, w, resamples=2000)
+    assert back.delta == pytest.approx(-res.delta) and back.ci_high < 0
+    assert back.p == pytest.approx(res.p)  # two-sided
 
 
-def test_false_alarm_rate_on_null_data_is_at_most_the_level():
-    """200 null studies (both methods draw errors from the same speaker rates), test at 0.05.
-    Stated false-alarm rate of this test: with an exact 5% level the count of rejections is
-    Binomial(200, 0.05) (mean 10, sd 3.1); failing above 20 happens with probability ~0.1%."""
-    rng = np.random.default_rng(1234)
-    rejections = 0
-    for _ in range(200):
-        base, ea, w = _speakers(rng)
-        _, eb, _ = _speakers(rng, base=base)
-        _, _, _, p_worse, _ = paired_test(ea, eb, w, resamples=1000, seed=int(rng.integers(1 << 30)))
-        rejections += p_worse < 0.05
-    assert rejections <= 20
+def test_one_seed_falls_back_to_a_speaker_test_and_says_so():
+    from test_study_stats import simulate
+
+    rng = np.random.default_rng(4)
+    (ea, eb), w = simulate(rng, (0.0, 0.08), seeds=1)
+    res = paired_test(ea, eb, w, resamples=2000)
+    assert res.test == "sign-flip over 32 speakers (1 seed)"
+    assert res.p < 0.01 and np.isnan(res.p_sign_flip)
 
 
-def test_a_planted_difference_is_found_with_its_size_and_sign():
-    rng = np.random.default_rng(7)
-    base, ea, w = _speakers(rng)
-    _, eb, _ = _speakers(rng, base=base, shift=0.08)
-    delta, low, high, p_worse, p_better = paired_test(ea, eb, w, resamples=4000)
-    assert 0.05 < delta < 0.11 and low > 0 and p_worse < 0.01 and p_better > 0.5
-    delta, low, high, p_worse, p_better = paired_test(eb, ea, w, resamples=4000)
-    assert delta < 0 and high < 0 and p_better < 0.01
+def test_the_verdict_reads_the_holm_adjusted_p_two_sided():
+    base = dict(arch="a", condition="c", reference="flat", method="m", seeds=[0, 1, 2, 3, 4],
+                speakers=32, ci_low=0.0, ci_high=0.0, test="paired t, 5 seeds", p_sign_flip=0.06)
+    assert verdict(Comparison(**base, delta=0.02, p=0.01, p_holm=0.04)) == "worse"
+    assert verdict(Comparison(**base, delta=-0.02, p=0.01, p_holm=0.04)) == "better"
+    # significant before the correction, not after it
+    assert verdict(Comparison(**base, delta=0.02, p=0.01, p_holm=0.06)) == "within noise"
 
 
 def _rows(rng, rates, words=20):
@@ -71,9 +81,12 @@ def test_compare_pairs_runs_by_seed_and_agrees_with_the_wer_table(tmp_path):
     assert set(rows) == {"uniform", "size"}
     for m in rows:
         assert rows[m].delta == pytest.approx(cells[m].mean - cells["flat"].mean, abs=1e-12)
-        assert rows[m].seeds == [0, 1, 2] and rows[m].speakers == 72
+        assert rows[m].seeds == [0, 1, 2] and rows[m].speakers == 24
     assert verdict(rows["uniform"]) == "worse"
-    assert rows["size"].p_worse > 0.01  # no planted difference
+    assert verdict(rows["size"]) == "within noise"  # no planted difference
+    # Holm over the table's two comparisons
+    ordered = compare(runs, "flat", resamples=2000)
+    assert [c.p_holm for c in ordered] == pytest.approx(holm([c.p for c in ordered]))
 
 
 def test_compare_refuses_what_does_not_pair(tmp_path):
@@ -91,7 +104,7 @@ def test_a_grid_still_running_pairs_the_seeds_both_methods_have(tmp_path):
     partial = [r for r in runs if not (r.method == "uniform" and r.seed == 2)]
     rows = {c.method: c for c in compare(partial, "flat", resamples=500)}
     assert rows["uniform"].seeds == [0, 1] and rows["size"].seeds == [0, 1, 2]
-    assert rows["uniform"].speakers == 48
+    assert rows["uniform"].speakers == 24 and rows["uniform"].test == "paired t, 2 seeds"
 
 
 def test_table_against_prints_the_paired_table_and_refuses_latex(tmp_path, capsys):
@@ -101,6 +114,9 @@ def test_table_against_prints_the_paired_table_and_refuses_latex(tmp_path, capsy
     assert main(["table", str(tmp_path), "--against", "flat"]) == 0
     out = capsys.readouterr().out
     assert "| uniform | flat |" in out and "worse" in out
+    # the level, the correction, the test and n seeds x n speakers are printed
+    assert "level 0.05" in out and "Holm-corrected across the 2 comparisons" in out
+    assert "two-sided" in out and "| paired t, 3 seeds |" in out and "| 3 × 24 |" in out
     assert main(["table", str(tmp_path), "--against", "flat", "--format", "csv"]) == 0
     assert capsys.readouterr().out.startswith("arch,condition,method,reference")
     assert main(["table", str(tmp_path), "--against", "flat", "--format", "latex"]) == 2

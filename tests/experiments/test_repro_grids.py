@@ -1,6 +1,8 @@
-"""The study's grids (issue 14 item 3): repro-heavy and repro-mild parse and expand to
-8 methods (heavy: and an alpha sweep) x 3 seeds in their regime, with the paper's σ and
-per-layer grouping."""
+"""The pre-registered study's grids (issue 27; results/repro/PROTOCOL.md): repro-heavy and
+repro-mild parse and expand to the protocol's 9 methods x 5 seeds in their regime -- flat,
+alpha-split at the paper's alpha and at calibrate's, uniform, size, size-EMA, uniform-EMA, 3 pools
+and FedAvg -- with the paper's sigma, per-layer grouping, every test utterance and the
+step-budgeted starting model; the LR sweep gives every method the same values on tuning seeds."""
 
 from pathlib import Path
 
@@ -9,11 +11,13 @@ import pytest
 from cluster_fl.experiments.gridspec import expand, load_grid
 
 REPO = Path(__file__).resolve().parents[2]
-# the findings' methods first, so a study cut short still has them; heavy adds an alpha sweep
-METHODS = {"heavy": ["fedavg", "flat", "uniform", "alpha-split", "uniform-ema", "size-ema", "size",
-                     "pools-3", "alpha-split-matrix", "alpha-split-0.03", "alpha-split-0.5"],
-           "mild": ["flat", "alpha-split", "size-ema", "uniform", "fedavg", "uniform-ema", "size",
-                    "pools-3"]}
+# the findings' methods first, so a study cut short still has them
+METHODS = {"heavy": ["fedavg", "flat", "uniform", "alpha-split-paper", "alpha-split-calibrated",
+                     "size-ema", "size", "uniform-ema", "pools-3"],
+           "mild": ["flat", "alpha-split-paper", "alpha-split-calibrated", "size-ema", "uniform",
+                    "fedavg", "uniform-ema", "size", "pools-3"]}
+SEEDS = (0, 1, 2, 3, 4)
+CHECKPOINT = "repro-joint-5600steps"  # configs/pretrain-repro.yaml's out
 
 
 @pytest.mark.parametrize("regime, encoder_lr_mult", [("heavy", 0.1), ("mild", 1.0)])
@@ -21,36 +25,60 @@ def test_repro_grid_parses_and_expands_to_every_method_and_seed(regime, encoder_
     path = REPO / "configs" / "grids" / f"repro-{regime}.yaml"
     grid = load_grid(path)
     specs = expand(grid)
-    assert len(specs) == len(METHODS[regime]) * 3
+    assert len(specs) == len(METHODS[regime]) * len(SEEDS)
     assert len({s.run_id for s in specs}) == len(specs)
-    assert grid.experiment == f"repro-{regime}" and grid.seeds == (0, 1, 2)
-    assert [s.axes["method"] for s in specs[::3]] == METHODS[regime]
+    # a new experiment: the first study's finished folders (repro-*) are never taken as done
+    assert grid.experiment == f"prereg-{regime}" and grid.seeds == SEEDS
+    assert [s.axes["method"] for s in specs[::len(SEEDS)]] == METHODS[regime]
     for s in specs:
         cfg = s.config
         assert s.axes["condition"] == regime and not cfg.model.freeze_encoder
         assert cfg.client.lr_encoder_mult == encoder_lr_mult
-        assert cfg.privacy.noise_multiplier == 0.1
-        assert cfg.privacy.grouping == ("matrix" if s.axes["method"].endswith("-matrix") else "layer")
+        assert cfg.privacy.noise_multiplier == 0.1 and cfg.privacy.grouping == "layer"
         assert cfg.model.arch == "whisper-tinyllama-tiny" and cfg.run.device == "cpu"
-        # the starting point of item 1: a pretrained model whose connector FL has to learn
-        assert cfg.model.connector_init == "fresh" and cfg.model.checkpoint.endswith("repro-joint5")
+        assert cfg.eval.max_utterances == 0  # every test speaker, every utterance
+        # the starting point: the step-budgeted checkpoint, a fresh connector drawn per seed
+        assert cfg.model.connector_init == "fresh" and cfg.model.connector_seed is None
+        assert cfg.model.checkpoint.endswith(CHECKPOINT)
     by_method = {s.axes["method"]: s.config.privacy for s in specs if s.seed == 0}
     assert by_method["fedavg"].mechanism == "none"
     assert all(p.mechanism == "gaussian" for m, p in by_method.items() if m != "fedavg")
-    assert by_method["alpha-split"].clipping == "alpha-split"
-    for name, p in by_method.items():  # the sweep's alphas are in their names
-        if name.startswith("alpha-split-") and not name.endswith("-matrix"):
-            assert p.clipping == "alpha-split" and p.alpha == float(name.split("-")[-1])
+    assert by_method["alpha-split-paper"].alpha == 0.05  # the paper's
+    calibrated = by_method["alpha-split-calibrated"]
+    assert calibrated.clipping == "alpha-split"
+    # calibrate's alpha for the regime (provisional until it runs on the new checkpoint): small
+    # where the encoder's updates are small
+    assert calibrated.alpha == {"heavy": 0.0207, "mild": 0.5}[regime]
     pools = by_method["pools-3"]
     assert pools.clipping == "pools"
     assert [(p["name"], tuple(p["components"])) for p in pools.pools] == [
         ("encoder", ("encoder",)), ("connector", ("connector",)), ("decoder", ("decoder",))]
-    # calibrate's alpha for the regime: small where the encoder's updates are small
-    assert by_method["alpha-split"].alpha == {"heavy": 0.1282, "mild": 0.5}[regime]
-    assert pools.pools[0]["share"] == pytest.approx(round(by_method["alpha-split"].alpha, 3))
+    assert pools.pools[0]["share"] == pytest.approx(calibrated.alpha)
     assert sum(p["share"] for p in pools.pools) == pytest.approx(1.0)
     text = path.read_text()  # where each sized value came from stays written beside it
     assert "PILOT" in text and "CALIBRATE" in text
+
+
+def test_the_lr_sweep_gives_every_method_the_same_values_on_tuning_seeds():
+    grid = load_grid(REPO / "configs" / "grids" / "repro-lr-sweep.yaml")
+    specs = expand(grid)
+    assert not set(grid.seeds) & set(SEEDS)  # tuning seeds are never study seeds
+    values: dict[tuple[str, str], set[float]] = {}
+    for s in specs:
+        method = s.axes["method"].removesuffix("-heavy").removesuffix("-mild")
+        values.setdefault((s.axes["condition"], method), set()).add(s.config.fl.lr)
+    assert {m for _, m in values} == set(METHODS["heavy"])
+    assert len({frozenset(v) for v in values.values()}) == 1 and len(next(iter(values.values()))) >= 3
+    assert len(specs) == 2 * len(METHODS["heavy"]) * 3 * len(grid.seeds)
+    # each regime's calibrated alpha and pools are those of its study grid
+    for regime in ("heavy", "mild"):
+        study = {s.axes["method"]: s.config.privacy for s in expand(load_grid(
+            REPO / "configs" / "grids" / f"repro-{regime}.yaml")) if s.seed == 0}
+        sweep = {s.axes["method"].removesuffix(f"-{regime}"): s.config.privacy for s in specs
+                 if s.axes["condition"] == regime and s.seed == grid.seeds[0]
+                 and s.config.fl.lr == specs[0].config.fl.lr}
+        assert sweep["alpha-split-calibrated"].alpha == study["alpha-split-calibrated"].alpha
+        assert sweep["pools-3"].pools == study["pools-3"].pools
 
 
 def test_the_private_grid_is_heavy_flat_uniform_alpha_at_epsilon_at_most_10():

@@ -78,3 +78,31 @@ def test_the_flag_scores_before_submitting(tmp_path, tiny_corpus, monkeypatch):
                               dry_run=False, wait=False, out=None, overrides=[], round0=True)
     assert grid_cmd.run(args) == 0
     assert order == ["round0", "submit"]
+
+
+def test_round0_scores_one_starting_model_per_seed(tmp_path, tiny_corpus):
+    """With a fresh connector, each seed's run -- and so its round-0 -- starts from its own
+    connector; methods of one seed share it (the pairs of a paired test start together)."""
+    import torch
+
+    from cluster_fl.config import ModelConfig, load_config
+    from cluster_fl.dist import LocalComm
+    from cluster_fl.engine.setup import build_world
+    from cluster_fl.models import build_base, save_checkpoint
+
+    torch.manual_seed(0)
+    base = build_base(ModelConfig())
+    save_checkpoint(base, base.tokenizer, tmp_path / "pre")
+
+    def start(seed: int, method: str) -> dict[str, torch.Tensor]:
+        cfg = load_config(None, [f"data.corpus={tiny_corpus}", "data.languages=[en, de, fr]",
+                                 f"model.checkpoint={tmp_path / 'pre'}",
+                                 "model.connector_init=fresh", f"run.seed={seed}",
+                                 f"privacy.clipping={method}", "run.threads=1",
+                                 f"run.out={tmp_path / 'runs'}"])
+        world = build_world(cfg, LocalComm(), lambda msg: None)
+        return {k: v.clone() for k, v in world.initial_state.items() if k.startswith("connector")}
+
+    flat0, split0, flat1 = start(0, "flat"), start(0, "alpha-split"), start(1, "flat")
+    assert flat0 and all(torch.equal(flat0[k], split0[k]) for k in flat0)
+    assert not all(torch.equal(flat0[k], flat1[k]) for k in flat0)

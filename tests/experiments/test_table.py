@@ -42,10 +42,23 @@ def test_clustered_bootstrap_resamples_speakers_not_utterances():
     assert clustered_bootstrap_ci([same], resamples=500) == pytest.approx((0.25, 0.25))
 
 
-def test_ci_is_pooled_over_seeds_as_the_mean_of_per_seed_wers():
-    # seed 0: constant 0.2, seed 1: constant 0.4 -> every resample averages to 0.3
+def test_ci_resamples_seeds_as_well_as_speakers():
+    # seed 0: constant 0.2, seed 1: constant 0.4 (other speakers each): a resample averages two
+    # drawn seeds, 0.2, 0.3 or 0.4 -- training randomness widens the CI to [0.2, 0.4] (redrawing
+    # speakers alone would say [0.3, 0.3], as the table's CI did before the seed was the unit)
     a, b = rows({"A": (1, 5), "B": (2, 10)}), rows({"C": (2, 5), "D": (4, 10)})
-    assert clustered_bootstrap_ci([a, b], resamples=300) == pytest.approx((0.3, 0.3))
+    assert clustered_bootstrap_ci([a, b], resamples=300) == pytest.approx((0.2, 0.4))
+
+
+def test_cells_with_the_same_seeds_and_speakers_share_one_draw(tmp_path):
+    """Two methods whose runs have the same per-speaker rows get the same CI: one draw of seeds
+    and speakers serves every method of the table."""
+    for method in ("flat", "uniform"):
+        for seed, spec in enumerate([{"A": (1, 5), "B": (4, 10)}, {"A": (2, 5), "B": (1, 10)}]):
+            write_run(tmp_path / f"{method}{seed}", method=method, seed=seed, eval_rows=rows(spec))
+    cells = {c.method: c for c in summarise(find_runs([tmp_path]), resamples=500)}
+    assert (cells["flat"].ci_low, cells["flat"].ci_high) == \
+        (cells["uniform"].ci_low, cells["uniform"].ci_high)
 
 
 def test_table_layout_rows_arch_condition_columns_methods(tmp_path, capsys):

@@ -21,6 +21,7 @@ REDUCED = ["--languages", "en,de", "--speakers-per-language", "3", "--pretrain-s
            "fl.rounds=2", "fl.clients_per_round=4", "fl.max_local_steps=2", "fl.batch_size=8",
            "eval.max_utterances=4", "eval.bootstrap=10", "eval.max_new_tokens=6",
            "pretrain.eval_utterances=4", "pretrain.batch_size=4",  # held-out: the demo caps it
+           "eval.every=1",  # the mid-run test WER line (the demo's own config: every 3 rounds)
            "run.threads=1", "--ranks", "2"]  # each run as 2 local processes (torchrun), as on 2+ cores
 
 
@@ -41,6 +42,8 @@ def test_the_reduced_demo_runs_end_to_end_and_prints_every_method(tmp_path):
     assert header.split("|")[3].strip() == "round-0"  # the starting model comes first
     assert "ε" in out or "epsilon" in out.lower()
     assert proc.stderr.count(", 2 ranks)") == len(METHODS), proc.stderr[-3000:]
+    # a line a reader can follow: each run's test WER after round 1 (eval.every)
+    assert proc.stderr.count("round 1/2: test WER ") == len(METHODS), proc.stderr[-3000:]
     # then each method paired against flat, over the evaluation's speakers
     paired = out[out.index("Paired against"):]
     for m in ("round-0", "alpha-split", "uniform"):

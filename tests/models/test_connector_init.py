@@ -1,5 +1,6 @@
 """model.connector_init=fresh: a pretrained checkpoint with a new connector (issue 14's starting
-point) -- only the connector moves, one seed gives one init, and misuse is refused."""
+point) -- only the connector moves, one seed gives one init, the init follows the run's seed
+unless model.connector_seed pins it (issue 27), and misuse is refused."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ def test_fresh_moves_the_connector_and_nothing_else(pretrained):
     arch, path, saved = pretrained
     kept = _base_state(build_model(ModelConfig(arch=arch, checkpoint=str(path))))
     fresh = _base_state(build_model(ModelConfig(arch=arch, checkpoint=str(path),
-                                                connector_init="fresh")))
+                                                connector_init="fresh"), run_seed=0))
     connector = [k for k in saved if k.startswith("connector.")]
     assert connector, "the tiny archs have a connector with weights"
     for k, v in saved.items():
@@ -60,6 +61,26 @@ def test_one_seed_one_init_and_the_global_rng_is_untouched(pretrained):
     assert not all(torch.equal(a[k], c[k]) for k in a)
 
 
+def _connector(model) -> dict[str, torch.Tensor]:
+    return {k: v for k, v in model.state_dict().items() if k.startswith("connector.")}
+
+
+def test_the_fresh_connector_follows_the_run_seed_unless_pinned(pretrained):
+    """Seeds of a study start from different connectors (round-0 differs per seed); seed 0 is
+    the connector the first study used for every seed (connector_seed 0)."""
+    arch, path, _ = pretrained
+    cfg = ModelConfig(arch=arch, checkpoint=str(path), connector_init="fresh")
+    assert cfg.connector_seed is None
+    s0, s0b, s1 = (_connector(build_model(cfg, run_seed=s)) for s in (0, 0, 1))
+    assert all(torch.equal(s0[k], s0b[k]) for k in s0)
+    assert not any(torch.equal(s0[k], s1[k]) for k in s0 if k.endswith("weight"))
+    pinned = ModelConfig(arch=arch, checkpoint=str(path), connector_init="fresh", connector_seed=0)
+    old = _connector(build_model(pinned, run_seed=1))
+    assert all(torch.equal(s0[k], old[k]) for k in s0)  # pinned: the same init for every seed
+    secure = _connector(build_model(cfg, run_seed=None))  # secure mode has no seed: 0
+    assert all(torch.equal(s0[k], secure[k]) for k in s0)
+
+
 def test_misuse_is_refused(pretrained, tmp_path):
     arch, path, _ = pretrained
     with pytest.raises(UserError, match="model.connector_init"):
@@ -83,3 +104,6 @@ def test_the_default_leaves_run_ids_alone():
     assert run_id(old) == "whisper-tinyllama-tiny_unfrozen_alpha-split_s0_8a06cff1"
     fresh = load_config(None, ["model.checkpoint=/x", "model.connector_init=fresh"])
     assert run_id(fresh) != run_id(load_config(None, ["model.checkpoint=/x"]))
+    # a seed given without a fresh connector seeds nothing and changes no id
+    assert load_config(None, ["model.connector_seed=5"]).model.connector_seed is None
+    assert run_id(load_config(None, ["model.connector_seed=5"])) == run_id(default)

@@ -11,6 +11,7 @@ import torch
 
 from cluster_fl.config import ModelConfig, load_config
 from cluster_fl.data.vocab import LANGUAGES, NUMBERS, WORDS
+from cluster_fl.errors import UserError
 from cluster_fl.models import CharTokenizer, build_base, load_checkpoint, load_tokenizer
 from cluster_fl.training.pretrain import batch_order, pretrain, split_heldout, train
 
@@ -73,22 +74,86 @@ def test_pretrain_command_saves_a_checkpoint_and_reuses_it(tmp_path, tiny_corpus
         load_config(None, ["pretrain.steps=0", "pretrain.minutes=0"])
 
 
-def test_unfinished_pretraining_resumes_from_its_step(tmp_path, tiny_corpus):
+def _capped_clock(monkeypatch, seconds_per_call: float = 1.0) -> None:
+    """pretrain's clock advances ``seconds_per_call`` at every reading, so a minutes cap stops a
+    run at a step that depends on the code alone, not on this machine's speed."""
+    import itertools
+    import types
+
+    import cluster_fl.training.pretrain as module
+
+    ticks = itertools.count()
+    clock = types.SimpleNamespace(monotonic=lambda: seconds_per_call * next(ticks))
+    monkeypatch.setattr(module, "time", clock)  # this module's clock only
+
+
+def _weights(path) -> dict[str, torch.Tensor]:
+    return torch.load(path / "model.pt", weights_only=True)
+
+
+def test_a_minutes_cap_that_cuts_a_step_budget_fails_and_the_resume_finishes_it(
+        tmp_path, tiny_corpus, monkeypatch):
+    """The cap stops the run early: the command fails loudly (the unfinished checkpoint is no
+    starting model), a second call resumes, and the result is bitwise that of one uninterrupted
+    run of the same budget."""
     import json
 
+    base = ["pretrain.eval_every=0", "pretrain.heldout_speakers=1", "pretrain.batch_size=4",
+            "pretrain.eval_utterances=3", "pretrain.steps=5", "pretrain.ctc_warmstart=0.4",
+            f"data.corpus={tiny_corpus}", "data.languages=[en, de, fr]",
+            f"data.feature_cache={tmp_path / 'features'}", "eval.max_new_tokens=2"]
+    pretrain(load_config(None, base + [f"pretrain.out={tmp_path / 'whole'}", "pretrain.minutes=0"]),
+             log=lambda s: None)
+    _capped_clock(monkeypatch)  # one reading per step: a cap of 3 s stops after 2 steps
+    capped = base + [f"pretrain.out={tmp_path / 'cut'}", f"pretrain.minutes={3 / 60}"]
+    with pytest.raises(UserError, match="cap .* ran out at step 2 of the pretrain.steps budget 5"):
+        pretrain(load_config(None, capped), log=lambda s: None)
+    assert json.loads((tmp_path / "cut" / "meta.json").read_text())["done"] is False
+    monkeypatch.undo()
+    logs: list[str] = []
+    # the cap is no part of the recipe under a step budget: lifting it resumes the same run
+    result = pretrain(load_config(None, base + [f"pretrain.out={tmp_path / 'cut'}",
+                                                "pretrain.minutes=0"]), log=logs.append)
+    assert any("resuming from step 2" in line for line in logs) and result["step"] == 5
+    whole, cut = _weights(tmp_path / "whole"), _weights(tmp_path / "cut")
+    assert all(torch.equal(whole[k], cut[k]) for k in whole)
+
+
+def test_a_checkpoint_of_another_recipe_is_not_reused_or_resumed(tmp_path, tiny_corpus):
     base = [f"pretrain.out={tmp_path / 'pre'}", "pretrain.minutes=0", "pretrain.eval_every=0",
             "pretrain.heldout_speakers=1", "pretrain.batch_size=4", "pretrain.eval_utterances=3",
             f"data.corpus={tiny_corpus}", "data.languages=[en, de, fr]",
             f"data.feature_cache={tmp_path / 'features'}", "eval.max_new_tokens=2"]
     pretrain(load_config(None, base + ["pretrain.steps=2"]), log=lambda s: None)
-    meta_path = tmp_path / "pre" / "meta.json"
-    meta = json.loads(meta_path.read_text())
-    meta["done"] = False  # as if the process had been killed after its last checkpoint
-    meta_path.write_text(json.dumps(meta))
-    logs: list[str] = []
-    result = pretrain(load_config(None, base + ["pretrain.steps=4"]), log=logs.append)
-    assert any("resuming from step 2" in line for line in logs)
-    assert result["step"] == 4 and json.loads(meta_path.read_text())["done"]
+    with pytest.raises(UserError, match=r"another recipe: .*pretrain.steps \(2 there, 4 here\)"):
+        pretrain(load_config(None, base + ["pretrain.steps=4"]), log=lambda s: None)
+    with pytest.raises(UserError, match=r"seed \(0 there, 1 here\)"):
+        pretrain(load_config(None, base + ["pretrain.steps=2", "run.seed=1"]), log=lambda s: None)
+    # where evaluations go and how many: not the recipe
+    again = pretrain(load_config(None, base + ["pretrain.steps=2", "pretrain.eval_utterances=2"]),
+                     log=lambda s: None)
+    assert again["cached"]
+    assert pretrain(load_config(None, base + ["pretrain.steps=4"]), force=True,
+                    log=lambda s: None)["step"] == 4
+
+
+@pytest.mark.parametrize("warmstart", [0.0, 0.5])
+def test_two_step_budgeted_pretrains_from_scratch_give_identical_checkpoints(
+        tmp_path, tiny_corpus, warmstart):
+    """The starting model is rebuilt exactly: the same step budget and seed, run twice from
+    scratch (one of them evaluating and checkpointing every step), give bitwise equal weights;
+    another seed does not."""
+    base = ["pretrain.minutes=0", "pretrain.heldout_speakers=1", "pretrain.batch_size=4",
+            "pretrain.eval_utterances=3", "pretrain.steps=6", f"pretrain.ctc_warmstart={warmstart}",
+            f"data.corpus={tiny_corpus}", "data.languages=[en, de, fr]",
+            f"data.feature_cache={tmp_path / 'features'}", "eval.max_new_tokens=2"]
+    for name, extra in (("a", ["pretrain.eval_every=0"]), ("b", ["pretrain.eval_every=1"]),
+                        ("c", ["pretrain.eval_every=0", "run.seed=1"])):
+        pretrain(load_config(None, base + extra + [f"pretrain.out={tmp_path / name}"]),
+                 log=lambda s: None)
+    a, b, c = (_weights(tmp_path / n) for n in "abc")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert not all(torch.equal(a[k], c[k]) for k in a)
 
 
 def test_cli_pretrain_runs_and_bad_keys_exit_2(tmp_path, tiny_corpus, capsys):
@@ -155,26 +220,25 @@ def test_phase_learning_rate_rewarms_for_the_joint_phase():
     assert _phase_lr_factor(50, 0.5, warm, 0.0, 0, final=0.0) == pytest.approx(0.5)
 
 
-def test_pretraining_resumes_inside_the_ctc_warmstart(tmp_path, tiny_corpus):
-    import json
-
-    base = [f"pretrain.out={tmp_path / 'pre'}", "pretrain.minutes=0", "pretrain.eval_every=1",
+def test_pretraining_resumes_inside_the_ctc_warmstart(tmp_path, tiny_corpus, monkeypatch):
+    base = [f"pretrain.out={tmp_path / 'pre'}", "pretrain.eval_every=1",
             "pretrain.heldout_speakers=1", "pretrain.batch_size=4", "pretrain.eval_utterances=3",
-            "pretrain.ctc_warmstart=0.5", f"data.corpus={tiny_corpus}",
+            "pretrain.ctc_warmstart=0.5", "pretrain.steps=4", f"data.corpus={tiny_corpus}",
             "data.languages=[en, de, fr]", f"data.feature_cache={tmp_path / 'features'}",
             "eval.max_new_tokens=2"]
     logs: list[str] = []
-    pretrain(load_config(None, base + ["pretrain.steps=2"]), log=logs.append)
+    # a clock that advances 1 s a reading, cap 3 s: stopped after step 1, inside the warm-start
+    # (steps 0 and 1 of 4)
+    _capped_clock(monkeypatch)
+    with pytest.raises(UserError, match="ran out at step 1 "):
+        pretrain(load_config(None, base + [f"pretrain.minutes={3 / 60}"]), log=logs.append)
+    monkeypatch.undo()
     state = torch.load(tmp_path / "pre" / "train_state.pt", weights_only=False)
-    assert state["joint_start"] == 1 and state["step"] == 2
+    assert state["joint_start"] is None and state["step"] == 1
     assert not any("held-out WER" in line and "step      1" in line for line in logs)
-    meta_path = tmp_path / "pre" / "meta.json"
-    meta = json.loads(meta_path.read_text())
-    meta["done"] = False
-    meta_path.write_text(json.dumps(meta))
-    result = pretrain(load_config(None, base + ["pretrain.steps=4"]), log=logs.append)
+    result = pretrain(load_config(None, base + ["pretrain.minutes=0"]), log=logs.append)
     assert result["step"] == 4
-    assert torch.load(tmp_path / "pre" / "train_state.pt", weights_only=False)["joint_start"] == 1
+    assert torch.load(tmp_path / "pre" / "train_state.pt", weights_only=False)["joint_start"] == 2
     with pytest.raises(Exception, match="ctc_warmstart"):
         load_config(None, ["pretrain.ctc_warmstart=1"])
 
@@ -259,3 +323,13 @@ def test_separate_mode_needs_its_encoder_share_and_is_not_mixed_with_joint(tmp_p
     assert meta["mode"] == "separate" and meta["wer_kind"] == "encoder CTC greedy"
     with pytest.raises(Exception, match="pretrain.mode=separate"):
         pretrain(load_config(None, base), log=lambda s: None)
+
+
+def test_the_demo_and_study_pretrains_are_budgeted_in_steps():
+    """A starting model that does not depend on the machine's speed: the demo's and the study's
+    pretraining configs give a step budget and no wall-clock budget."""
+    for path in (REPO / "configs" / "pretrain.yaml", REPO / "configs" / "pretrain-repro.yaml",
+                 REPO / "cluster_fl" / "assets" / "demo.yaml",
+                 REPO / "cluster_fl" / "assets" / "demo-heavy.yaml"):
+        pc = load_config(path).pretrain
+        assert pc.steps > 0 and pc.minutes == 0, path
