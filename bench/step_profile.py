@@ -184,7 +184,6 @@ def categorise(prof: Any) -> dict[str, float]:
 
 
 def profile(overrides: list[str], rounds: int = 2) -> dict[str, Any]:
-    import torch
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
