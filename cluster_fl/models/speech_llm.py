@@ -70,12 +70,15 @@ def _move(obj: Any, device: torch.device) -> Any:
 @dataclass
 class EncoderMasks:
     """A padded batch's encoder masks: mel frames kept ``(B, 1, T)``, the additive
-    self-attention mask ``(B, 1, 1, T')``, valid encoder frames ``(B, T', 1)``, lengths ``T'``."""
+    self-attention mask ``(B, 1, 1, T')``, valid encoder frames ``(B, T', 1)``, lengths ``T'``
+    and the positions ``0..T'-1`` (an index, so a compiled graph never slices the position table
+    by a symbolic size)."""
 
     frames: torch.Tensor
     attention: torch.Tensor
     valid: torch.Tensor
     out_len: torch.Tensor
+    positions: torch.Tensor
 
 
 @dataclass
@@ -245,7 +248,8 @@ class SpeechLLM(nn.Module):
         valid = torch.arange(t_out, device=dev)[None, :] < out_len[:, None]
         attn = torch.zeros(valid.shape, device=dev).masked_fill(
             ~valid, torch.finfo(torch.float32).min)[:, None, None, :]
-        return EncoderMasks(keep.float(), attn, valid.unsqueeze(-1).float(), out_len)
+        return EncoderMasks(keep.float(), attn, valid.unsqueeze(-1).float(), out_len,
+                            torch.arange(t_out, device=dev))
 
     def encode(self, features: torch.Tensor, lengths: torch.Tensor,
                masks: EncoderMasks | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -261,10 +265,11 @@ class SpeechLLM(nn.Module):
         x = nn.functional.gelu(enc.conv1(features * masks.frames.to(features.dtype)))
         x = x * masks.frames.to(x.dtype)
         x = nn.functional.gelu(enc.conv2(x)).permute(0, 2, 1)
-        x = x + enc.embed_positions.weight[: x.shape[1]].to(x.dtype)
+        x = x + enc.embed_positions.weight.index_select(0, masks.positions).to(x.dtype)
         x = nn.functional.dropout(x, p=enc.dropout, training=self.training)
+        mask = masks.attention.to(x.dtype)  # in the activations' dtype: no fp32 (B,H,T,T) sum
         for layer in enc.layers:
-            x = layer(x, attention_mask=masks.attention)
+            x = layer(x, attention_mask=mask)
         return enc.layer_norm(x), masks.out_len
 
     def audio_embeddings(self, features: torch.Tensor, lengths: torch.Tensor,
@@ -393,9 +398,9 @@ class SpeechLLM(nn.Module):
         lm = self.decoder.model
         positions = torch.arange(emb.shape[1], device=emb.device)[None, :]
         x = emb
+        mask = attention.to(x.dtype)  # in the activations' dtype: no fp32 (B,H,L,L) sum
         for layer in lm.layers[: lm.config.num_hidden_layers]:
-            x = layer(x, attention_mask=attention.to(x.dtype) if x.dtype == torch.float16
-                      else attention, position_embeddings=rotary, position_ids=positions,
+            x = layer(x, attention_mask=mask, position_embeddings=rotary, position_ids=positions,
                       use_cache=False)
         return lm.norm(x)
 
