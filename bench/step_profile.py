@@ -40,16 +40,21 @@ from pathlib import Path
 from typing import Any, Iterator
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+# ``_child --tree DIR`` measures another source tree (the baseline commit): its cluster_fl and
+# bench helpers are imported instead of this tree's
+_TREE = sys.argv[sys.argv.index("--tree") + 1] if "--tree" in sys.argv else None
+sys.path.insert(0, _TREE or str(ROOT))
 
 from bench.peers.common import Work, cluster_config, prepare  # noqa: E402
 
 WORK = Work(batch_size=8, local_steps=4, work_dir="/tmp/cluster_fl_step_profile")
-BASELINE = ["model.dtype=float32", "model.compile=false"]  # the default before issue 23
-VARIANTS = {"before (fp32, eager)": BASELINE,
-            "bf16, eager": ["model.dtype=bfloat16", "model.compile=false"],
-            "bf16, compiled": ["model.dtype=bfloat16", "model.compile=true"],
-            "defaults (auto)": []}
+BASELINE_COMMIT = "ef1e172"  # main before issue 23: fp32, eager, random batches, PEFT hooks
+# name -> (source tree: None = this one, a commit = a worktree of it; config overrides)
+VARIANTS = {"before (ef1e172 defaults)": (BASELINE_COMMIT, []),
+            "fp32, eager": (None, ["model.dtype=float32", "model.compile=false"]),
+            "bf16, eager": (None, ["model.dtype=bfloat16", "model.compile=false"]),
+            "bf16, compiled": (None, ["model.dtype=bfloat16", "model.compile=true"]),
+            "defaults (auto)": (None, [])}
 
 MATRIX = ("aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm", "aten::mkldnn_convolution",
           "aten::convolution_backward", "aten::_convolution", "aten::mkldnn_linear",
@@ -270,14 +275,26 @@ def _child(overrides: list[str], rounds: int) -> dict[str, Any]:
         state = engine.run_round(r, state).state
         times.append(time.perf_counter() - t0)
     return {"first": times[0], "steady": statistics.median(times[1:]),
-            "dtype": str(world.placement.dtype), "compiled": world.placement.compiled is not None}
+            "dtype": str(world.placement.dtype),
+            "compiled": getattr(world.placement, "compiled", None) is not None}
 
 
-def compare(reps: int, rounds: int, variants: dict[str, list[str]]) -> dict[str, Any]:
+def source_tree(commit: str) -> Path:
+    """A worktree of ``commit`` (made once, under /tmp), for measuring that code."""
+    tree = Path(f"/tmp/cluster_fl-{commit}")
+    if not (tree / "cluster_fl").is_dir():
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), commit],
+                       check=True, capture_output=True)
+    return tree
+
+
+def compare(reps: int, rounds: int, variants: dict[str, tuple[str | None, list[str]]]
+            ) -> dict[str, Any]:
     results: dict[str, list[dict]] = {name: [] for name in variants}
     for rep in range(reps):  # interleaved: machine noise hits every variant alike
-        for name, over in variants.items():
-            cmd = [sys.executable, __file__, "_child", "--rounds", str(rounds), *over]
+        for name, (commit, over) in variants.items():
+            tree = ["--tree", str(source_tree(commit))] if commit else []
+            cmd = [sys.executable, __file__, "_child", "--rounds", str(rounds), *tree, *over]
             out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
             results[name].append(json.loads(out.strip().splitlines()[-1]))
             print(f"rep {rep + 1}/{reps} {name}: {results[name][-1]}", file=sys.stderr, flush=True)
@@ -304,6 +321,8 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--json-out", type=Path)
+    parser.add_argument("--tree", help="measure this source tree (set by compare)")
+    parser.add_argument("--only", help="compare: comma-separated variant names")
     args = parser.parse_args()
     prepare(WORK)
     if args.mode == "_child":
@@ -313,7 +332,9 @@ def main() -> None:
         result = profile(args.overrides, args.rounds)
         print_profile(result)
     else:
-        result = compare(args.reps, args.rounds, VARIANTS)
+        chosen = ({k: v for k, v in VARIANTS.items() if k in args.only.split(",")}
+                  if args.only else VARIANTS)
+        result = compare(args.reps, args.rounds, chosen)
     print(json.dumps({"step_profile": result}, default=str))
     if args.json_out:
         args.json_out.write_text(json.dumps(result, indent=1, default=str))

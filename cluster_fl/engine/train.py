@@ -71,7 +71,10 @@ def _check_existing(folder: Path, cfg: Config) -> None:
     if not path.is_file():
         return
     try:
-        old = to_dict(build_config(yaml_load(path.read_text())))  # keys added later: defaults
+        from cluster_fl.models.registry import resolve_shapes
+
+        # keys added later: defaults; shapes the model fixes: resolved on both sides
+        old = to_dict(resolve_shapes(build_config(yaml_load(path.read_text()))))
     except Exception as exc:  # noqa: BLE001 - a damaged config.yaml is the user's to fix
         raise UserError(f"{path} is unreadable ({type(exc).__name__}); restore it, or delete "
                         f"{folder} to start the run again") from None

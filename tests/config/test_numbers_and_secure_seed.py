@@ -96,7 +96,7 @@ def test_secure_run_ids_say_so_and_research_ids_do_not_move():
     assert run_id(load_config(None, ["model.dtype=float32"])) == \
         "whisper-tinyllama-tiny_unfrozen_alpha-split_s0_8a06cff1"
     assert run_id(load_config(None, ["privacy.clipping=flat", "fl.lr=1e-3", "privacy.delta=1e-5",
-                                     "data.languages=[en,de]"])
+                                     "data.languages=[en,de]", "model.dtype=float32"])
                   ) == "whisper-tinyllama-tiny_unfrozen_flat_s0_f619675f"
 
 

@@ -30,7 +30,8 @@ def real(tiny_corpus, reference_run, tmp_path_factory):
     return lambda name, *extra: tiny_overrides(
         tiny_corpus, tmp_path_factory.mktemp(name), "model.arch=whisper-tinyllama",
         f"model.encoder_path={root / 'whisper'}", f"model.decoder_path={root / 'llama'}",
-        "model.lora_rank=2", "privacy.clipping=flat", "fl.rounds=1", *extra)
+        "model.lora_rank=2", "privacy.clipping=flat", "fl.rounds=1",
+        "model.dtype=float32", *extra)  # float32: the 1e-5 tolerance below is float32's
 
 
 def test_a_meta_built_fsdp2_lane_of_a_real_architecture_trains_like_one_rank(real):

@@ -139,7 +139,7 @@ def test_a_preset_at_real_widths_takes_a_client_step_and_decodes(key, tmp_path):
     assert model.decoder.get_input_embeddings().num_embeddings == (
         len(model.tokenizer) if spec.tiny else spec.decoder["vocab_size"])
     frozen = {p.dtype for p in model.parameters() if not p.requires_grad and p.is_floating_point()}
-    assert frozen == {getattr(torch, cfg.model.dtype)}
+    assert frozen == {placement.dtype}
 
     groups = trainable_groups(model)
     runner = ClientRunner(model, trainable_parameters(model), groups, cfg.fl, cfg.client,
