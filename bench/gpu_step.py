@@ -26,7 +26,51 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
+H200_BF16_DENSE = 989e12  # FLOP/s, NVIDIA's dense bf16 figure (MFU's denominator)
+
+
+def _batch(model, n: int, seconds: float) -> dict:
+    import torch
+
+    frames = int(seconds * 100)  # 10 ms hop
+    mels = model.encoder.conv1.in_channels
+    g = torch.Generator().manual_seed(0)
+    return {"features": torch.randn(n, mels, frames, generator=g),
+            "lengths": torch.full((n,), frames),
+            "texts": ["the quick brown fox jumps over the lazy dog " * 4] * n,
+            "languages": ["en"] * n}
+
+
+def step_flops(cfg, n: int, seconds: float, checkpointing: bool) -> int:
+    """FLOPs of one client step (forward + backward) counted from the shapes alone on the meta
+    device (``torch.utils.flop_counter``: matmuls, convolutions, attention). Without
+    checkpointing: the model's work; with it: the hardware's (the recomputed forwards too)."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from cluster_fl.dist.parallelize import apply_activation_checkpointing, apply_dtype
+    from cluster_fl.models.build import build_skeleton
+    from cluster_fl.models.lora import apply_lora
+    from cluster_fl.models.tokenizer import CharTokenizer
+
+    model = apply_lora(build_skeleton(cfg), cfg)
+    apply_dtype(model, torch.bfloat16)
+    model.tokenizer = CharTokenizer()
+    if checkpointing:
+        apply_activation_checkpointing(model)
+    model.train()
+    with FlopCounterMode(display=False) as counter:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            step = model.prepare(_batch(model, n, seconds)).to(torch.device("meta"))
+            loss = model.row_loss_sums(step).sum()
+        loss.backward()
+    return counter.get_total_flops()
+
+
 def big(args: argparse.Namespace) -> dict:
+    """One client step of a real-size architecture (random init, bf16 base, LoRA) per batch size
+    in ``--batches``, with and without activation checkpointing: step time, peak memory, and
+    MFU = model FLOPs / step time / the H200's dense bf16 peak."""
     import torch
 
     from cluster_fl.config import ModelConfig
@@ -35,90 +79,126 @@ def big(args: argparse.Namespace) -> dict:
     from cluster_fl.models.lora import apply_lora, trainable_parameters
     from cluster_fl.models.tokenizer import CharTokenizer
 
-    cfg = ModelConfig(arch=args.arch, dtype="bfloat16", activation_checkpointing=True,
-                      lora_rank=args.lora_rank)
     dev = torch.device(args.device)
     cuda = dev.type == "cuda"
-    model = apply_lora(build_skeleton(cfg), cfg)  # meta device: shapes only
-    apply_dtype(model, torch.bfloat16)  # on meta: the fp32 copy never exists
-    model.to_empty(device=dev)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0.0, 0.02)
-    model.tokenizer = CharTokenizer()  # any tokenizer: ids stay inside the vocabulary
-    n_params = sum(p.numel() for p in model.parameters())
-    placement = parallelize(model, cfg, dev)
-    params = trainable_parameters(model)
-    opt = torch.optim.AdamW(params.values(), lr=1e-4)
-    frames = int(args.seconds * 100)  # 10 ms hop
-    mels = model.encoder.conv1.in_channels
-    g = torch.Generator().manual_seed(0)
-    batch = {"features": torch.randn(args.batch, mels, frames, generator=g),
-             "lengths": torch.full((args.batch,), frames),
-             "texts": ["the quick brown fox jumps over the lazy dog " * 4] * args.batch,
-             "languages": ["en"] * args.batch}
-    if cuda:
-        torch.cuda.synchronize()
-        weights = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-    times = []
-    for _ in range(args.steps):
-        t = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
-        placement.backward(model, batch, params)
-        opt.step()
+    out = {"arch": args.arch, "seconds": args.seconds, "lora_rank": args.lora_rank, "steps": {}}
+    for ckpt in [c == "on" for c in args.checkpointing.split(",")]:
+        cfg = ModelConfig(arch=args.arch, dtype="bfloat16", activation_checkpointing=ckpt,
+                          lora_rank=args.lora_rank, compile=args.compile)
+        model = apply_lora(build_skeleton(cfg), cfg)  # meta device: shapes only
+        apply_dtype(model, torch.bfloat16)  # on meta: the fp32 copy never exists
+        model.to_empty(device=dev)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.normal_(0.0, 0.02)
+        model.tokenizer = CharTokenizer()  # any tokenizer: ids stay inside the vocabulary
+        out["parameters"] = sum(p.numel() for p in model.parameters())
+        placement = parallelize(model, cfg, dev)
+        params = trainable_parameters(model)
+        opt = torch.optim.AdamW(params.values(), lr=1e-4)
+        for n in [int(b) for b in args.batches.split(",")]:
+            key = f"batch={n} checkpointing={'on' if ckpt else 'off'}"
+            batch = _batch(model, n, args.seconds)
+            try:
+                if cuda:
+                    torch.cuda.synchronize()
+                    torch.cuda.reset_peak_memory_stats()
+                times = []
+                for _ in range(args.steps):
+                    t = time.perf_counter()
+                    opt.zero_grad(set_to_none=True)
+                    placement.backward(model, batch, params)
+                    opt.step()
+                    if cuda:
+                        torch.cuda.synchronize()
+                    times.append(time.perf_counter() - t)
+            except torch.OutOfMemoryError:
+                out["steps"][key] = "out of memory"
+                print(json.dumps({key: "out of memory"}), flush=True)
+                opt.zero_grad(set_to_none=True)
+                torch.cuda.empty_cache()
+                continue
+            model_flops = step_flops(cfg, n, args.seconds, checkpointing=False)
+            hw_flops = step_flops(cfg, n, args.seconds, checkpointing=ckpt)
+            step_s = min(times[1:] or times)
+            row = {"step_s": step_s, "model_tflop": model_flops / 1e12,
+                   "hardware_tflop": hw_flops / 1e12,
+                   "mfu": model_flops / step_s / H200_BF16_DENSE,
+                   "hfu": hw_flops / step_s / H200_BF16_DENSE}
+            if cuda:
+                row.update(peak_gib=torch.cuda.max_memory_allocated() / 2**30,
+                           reserved_gib=torch.cuda.max_memory_reserved() / 2**30)
+            out["steps"][key] = row
+            print(json.dumps({key: row}), flush=True)
+        del model, opt, params, placement
         if cuda:
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t)
-    return {"arch": args.arch, "parameters": n_params, "batch": args.batch,
-            "seconds": args.seconds, "step_s": min(times),
-            **({"weights_gib": weights / 2**30,
-                "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
-                "reserved_gib": torch.cuda.max_memory_reserved() / 2**30,
-                "gpu": torch.cuda.get_device_name(0)} if cuda else {"device": "cpu"})}
+            torch.cuda.empty_cache()
+    if cuda:
+        out["gpu"] = torch.cuda.get_device_name(0)
+    return out
 
 
 def speed(args: argparse.Namespace) -> dict:
-    """Client updates/s for each K in ``--ks`` (batched clients per step, one pass per step)."""
+    """Client updates/s of the study's client workload (tiny model, batch 8, 4 local steps) for
+    each variant in ``--variants`` (``K[c]``: K clients per batched step, ``c`` = compiled; one
+    pass per step), with peak memory and the host synchronisations of one timed round."""
+    import warnings
+
+    import torch
+
     from cluster_fl.config import load_config
     from cluster_fl.data import make_corpus
     from cluster_fl.dist import LocalComm
     from cluster_fl.engine import setup
 
     work = Path(args.work)
-    corpus = work / "corpus"
+    corpus = work / f"corpus-{args.clients}"
     if not corpus.exists():
         make_corpus(corpus, languages=["en", "de"], seed=0, public_speakers=2,
                     private_speakers=(args.clients + 1) // 2, test_speakers=1,
                     public_utterances=4, private_utterances=(16, 16), test_utterances=4,
                     progress=False)
+    cuda = args.device == "cuda"
     out = {"clients_per_round": args.clients, "rounds": args.rounds, "dtype": args.dtype}
-    for k in [int(x) for x in args.ks.split(",")]:
+    for variant in args.variants.split(","):
+        k, compiled = int(variant.rstrip("c")), variant.endswith("c")
         cfg = load_config(ROOT / "cluster_fl" / "assets" / "demo.yaml", [
             f"data.corpus={corpus}", "data.languages=[en,de]", f"run.out={work / 'runs'}",
             f"fl.clients_per_round={args.clients}", "fl.sampling=fixed", "fl.max_local_steps=4",
-            "fl.batch_size=4", "run.device=cuda", f"model.dtype={args.dtype}",
-            f"fl.clients_per_step={k}", f"fl.rows_per_pass={args.rows_per_pass}"])
+            "fl.batch_size=8", f"run.device={args.device}", f"model.dtype={args.dtype}",
+            f"model.compile={str(compiled).lower()}", f"fl.clients_per_step={k}",
+            "fl.rows_per_pass=0", "model.checkpoint=null", "model.connector_init=checkpoint"])
         world = setup.build_world(cfg, LocalComm(), lambda m: None)
         state = world.initial_state
-        world.engine.run_round(1, state)  # warm-up (CUDA context, kernels, feature cache)
-        import torch
-
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
+        t = time.perf_counter()
+        state = world.engine.run_round(1, state).state  # warm-up: compile, kernels, caches
+        first = time.perf_counter() - t
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
         t = time.perf_counter()
         for r in range(2, 2 + args.rounds):
             state = world.engine.run_round(r, state).state
-        torch.cuda.synchronize()
+        if cuda:
+            torch.cuda.synchronize()
         elapsed = time.perf_counter() - t
-        out[f"K={k}"] = {"client_updates_per_s": args.clients * args.rounds / elapsed,
-                         "peak_gib": torch.cuda.max_memory_allocated() / 2 ** 30}
-        print(json.dumps({f"K={k}": out[f"K={k}"]}), flush=True)
+        row = {"client_updates_per_s": args.clients * args.rounds / elapsed,
+               "first_round_s": first}
+        if cuda:
+            row["peak_gib"] = torch.cuda.max_memory_allocated() / 2 ** 30
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                torch.cuda.set_sync_debug_mode("warn")
+                try:
+                    world.engine.run_round(2 + args.rounds, state)
+                finally:
+                    torch.cuda.set_sync_debug_mode("default")
+            syncs = sum("synchroniz" in str(w.message) for w in caught)
+            steps = args.clients * 4 / k  # batched steps in the round
+            row.update(syncs_per_round=syncs, syncs_per_step=syncs / steps)
+        out[variant] = row
+        print(json.dumps({variant: row}), flush=True)
         del world
-    base = out["K=1"]["client_updates_per_s"] if "K=1" in out else None
-    if base:
-        out["ratios_vs_K1"] = {key: v["client_updates_per_s"] / base
-                               for key, v in out.items() if key.startswith("K=")}
     return out
 
 
@@ -127,17 +207,20 @@ def main() -> None:
     sub = parser.add_subparsers(dest="what", required=True)
     b = sub.add_parser("big")
     b.add_argument("--arch", default="whisper-eurollm-9b")
-    b.add_argument("--batch", type=int, default=4)
+    b.add_argument("--batches", default="4")
+    b.add_argument("--checkpointing", default="on", help="on, off or on,off")
+    b.add_argument("--compile", action="store_true")
     b.add_argument("--seconds", type=float, default=15.0)
     b.add_argument("--lora-rank", type=int, default=16)
     b.add_argument("--steps", type=int, default=2)
     b.add_argument("--device", default="cuda", help="cuda:0 for the figures; cpu to smoke-test")
     s = sub.add_parser("speed")
     s.add_argument("--clients", type=int, default=64)
-    s.add_argument("--ks", default="1,16,64", help="clients per batched step to compare")
-    s.add_argument("--rows-per-pass", type=int, default=0)
+    s.add_argument("--variants", default="1,1c,64c",
+                   help="K clients per batched step, with a trailing c for the compiled step")
+    s.add_argument("--device", default="cuda")
     s.add_argument("--rounds", type=int, default=2)
-    s.add_argument("--dtype", default="bfloat16")
+    s.add_argument("--dtype", default="auto")
     s.add_argument("--work", default="/tmp/cluster_fl_gpu")
     args = parser.parse_args()
     out = big(args) if args.what == "big" else speed(args)

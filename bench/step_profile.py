@@ -54,6 +54,10 @@ VARIANTS = {"before (ef1e172 defaults)": (BASELINE_COMMIT, []),
             "fp32, eager": (None, ["model.dtype=float32", "model.compile=false"]),
             "bf16, eager": (None, ["model.dtype=bfloat16", "model.compile=false"]),
             "bf16, compiled": (None, ["model.dtype=bfloat16", "model.compile=true"]),
+            "bf16, compiled, K=8": (None, ["model.dtype=bfloat16", "model.compile=true",
+                                           "fl.clients_per_step=8"]),
+            "bf16, compiled, K=24": (None, ["model.dtype=bfloat16", "model.compile=true",
+                                            "fl.clients_per_step=24"]),
             "defaults (auto)": (None, [])}
 
 MATRIX = ("aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm", "aten::mkldnn_convolution",
@@ -227,7 +231,7 @@ def profile(overrides: list[str], rounds: int = 2) -> dict[str, Any]:
     steps = WORK.local_steps
     return {
         "config": overrides, "dtype": str(world.placement.dtype).replace("torch.", ""),
-        "compiled": world.placement.compiled is not None,
+        "compiled": world.placement.compiled_layers > 0,
         "first_round_s": first, "round_s": statistics.median(walls),
         "updates_per_s": 1.0 / wall,
         "per_update_s": {"wall": wall, "data": split.get("data", 0.0),
@@ -276,7 +280,7 @@ def _child(overrides: list[str], rounds: int) -> dict[str, Any]:
         times.append(time.perf_counter() - t0)
     return {"first": times[0], "steady": statistics.median(times[1:]),
             "dtype": str(world.placement.dtype),
-            "compiled": getattr(world.placement, "compiled", None) is not None}
+            "compiled": getattr(world.placement, "compiled_layers", 0) > 0}
 
 
 def source_tree(commit: str) -> Path:
@@ -322,8 +326,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--json-out", type=Path)
     parser.add_argument("--tree", help="measure this source tree (set by compare)")
-    parser.add_argument("--only", help="compare: comma-separated variant names")
-    args = parser.parse_args()
+    parser.add_argument("--only", help="compare: variant names separated by semicolons")
+    args = parser.parse_intermixed_args()
     prepare(WORK)
     if args.mode == "_child":
         print(json.dumps(_child(args.overrides, args.rounds)))
@@ -332,7 +336,7 @@ def main() -> None:
         result = profile(args.overrides, args.rounds)
         print_profile(result)
     else:
-        chosen = ({k: v for k, v in VARIANTS.items() if k in args.only.split(",")}
+        chosen = ({k: v for k, v in VARIANTS.items() if k in args.only.split(";")}
                   if args.only else VARIANTS)
         result = compare(args.reps, args.rounds, chosen)
     print(json.dumps({"step_profile": result}, default=str))

@@ -109,13 +109,15 @@ class ModelConfig:
     instead of building the model (for sizing a huge model without loading it)."""
     dtype: str = "auto"
     """Storage dtype of the frozen base: ``float32``, ``bfloat16``, ``float16`` or ``auto``
-    (bfloat16 on CUDA and on CPUs with AMX-BF16 or AVX512-BF16, where bf16 matrix work is several
-    times faster; float32 elsewhere). LoRA and the connector stay fp32 master weights (updates,
-    clipping and the secure sum are fp32 or wider); compute runs under autocast in this dtype."""
+    (bfloat16 on CUDA, and on CPUs with AMX-BF16 or AVX512-BF16 when the step is compiled --
+    eagerly, autocast's casts cost a CPU more than its faster matmuls save; float32 elsewhere).
+    LoRA and the connector stay fp32 master weights (updates, clipping and the secure sum are
+    fp32 or wider); compute runs under autocast in this dtype."""
     compile: bool | str = "auto"
-    """``torch.compile`` the training step's forward/backward graph (inductor: C++ on CPU,
-    Triton on GPU), with step shapes rounded up to buckets so a run compiles a bounded number of
-    graphs. ``auto``: on for CUDA, off on CPU (see README "Speed"); ``true`` / ``false``."""
+    """``torch.compile`` each encoder and decoder layer of the training step (inductor: C++ on
+    CPU, Triton on GPU; forward and backward) with symbolic shapes, so a run compiles one graph
+    per layer type. ``auto``: on CUDA and on CPUs with AMX-BF16/AVX512-BF16, off elsewhere
+    (environment ``CLUSTER_FL_COMPILE=0``/``1`` decides ``auto`` instead); ``true`` / ``false``."""
     activation_checkpointing: bool = False
     """Recompute each encoder/decoder layer's activations in the backward pass (less memory)."""
     shard: str = "none"
@@ -216,9 +218,9 @@ class FLConfig:
     clients_per_step: int = 1
     """Clients of a rank's shard trained together in one batched forward/backward (shared frozen
     base, per-client LoRA + connector stacked on a client axis); 1 = one client at a time."""
-    rows_per_pass: int = 16
-    """Batched steps (``clients_per_step`` > 1): utterances per forward/backward pass, taken in
-    length order so a pass pads little (0 = all K x B rows in one pass, for a GPU)."""
+    rows_per_pass: int = 0
+    """Batched steps (``clients_per_step`` > 1): utterances per forward/backward pass, whole
+    clients per pass (0 = all K x B rows in one pass; a bound for a device short of memory)."""
 
     def __post_init__(self) -> None:
         _range(self.rounds, "fl.rounds", 1, None, integer=True)

@@ -11,6 +11,8 @@ kind of machine resolves it alike (bitwise 1-vs-N rank equality depends on it).
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -27,23 +29,34 @@ def cpu_has_fast_bf16() -> bool:
         return False
 
 
-def resolve_dtype(spec: str, device_type: str) -> torch.dtype:
-    """``model.dtype`` on a device of ``device_type`` (``cpu`` or ``cuda``)."""
+def resolve_dtype(spec: str, device_type: str, compiled: bool = True) -> torch.dtype:
+    """``model.dtype`` on a device of ``device_type`` (``cpu`` or ``cuda``). On a CPU, ``auto`` is
+    bf16 only for a compiled step: eagerly, autocast's casts around every small op cost more
+    than the faster matmuls save (``bench/step_profile.py compare``: 0.97x of fp32)."""
     if spec != "auto":
         return DTYPES[spec]
     if device_type == "cuda":
         # planning for a GPU from a machine without one: assume bf16 (every GPU since Ampere)
         fast = not torch.cuda.is_available() or torch.cuda.is_bf16_supported()
         return torch.bfloat16 if fast else torch.float16
-    return torch.bfloat16 if cpu_has_fast_bf16() else torch.float32
+    return torch.bfloat16 if compiled and cpu_has_fast_bf16() else torch.float32
 
 
 def resolve_compile(spec: bool | str, device_type: str) -> bool:
-    """``model.compile`` on a device of ``device_type``: ``auto`` compiles on CUDA only."""
-    return device_type == "cuda" if spec == "auto" else bool(spec)
+    """``model.compile`` on a device of ``device_type``. ``auto``: on CUDA, and on CPUs with fast
+    bf16 (the compiled step is where bf16 pays: ~2x a step in fp32 eagerly, measured by
+    ``bench/step_profile.py compare``). The environment variable ``CLUSTER_FL_COMPILE`` (``0`` or
+    ``1``) decides ``auto`` instead -- for a test suite whose hundreds of short runs would
+    otherwise each compile, or a machine where compiling is unwanted."""
+    if spec != "auto":
+        return bool(spec)
+    env = os.environ.get("CLUSTER_FL_COMPILE", "").strip()
+    if env in ("0", "1"):
+        return env == "1"
+    return device_type == "cuda" or cpu_has_fast_bf16()
 
 
-def dtype_name(spec: str, device_type: str) -> str:
+def dtype_name(spec: str, device_type: str, compiled: bool = True) -> str:
     """The name (``float32``, ``bfloat16``, ``float16``) ``model.dtype`` resolves to."""
-    resolved = resolve_dtype(spec, device_type)
+    resolved = resolve_dtype(spec, device_type, compiled)
     return next(name for name, dt in DTYPES.items() if dt == resolved)

@@ -8,9 +8,15 @@ this file.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+
+# model.compile: auto compiles the training step on AMX CPUs (and on GPUs); the suite's hundreds
+# of short runs stay eager (inherited by every run it starts). The compiled step has its own
+# tests, which ask for it explicitly (model.compile=true).
+os.environ.setdefault("CLUSTER_FL_COMPILE", "0")
 
 TINY_LANGUAGES = ("en", "de", "fr")
 

@@ -110,7 +110,7 @@ class Placement:
                  lane_group: Any = None):
         self.device, self.dtype, self.layout, self.lane_group = device, dtype, layout, lane_group
         self.buckets: Any = None  # shape quanta of prepared steps (None: exact shapes)
-        self.compiled: Any = None  # the compiled row-loss graph (None: eager)
+        self.compiled_layers = 0  # layers running a compiled graph (``apply_compile``)
 
     @property
     def sharded(self) -> bool:
@@ -123,11 +123,9 @@ class Placement:
         return torch.autocast(self.device.type, dtype=self.dtype)
 
     def row_losses(self, model: nn.Module, step: Any) -> torch.Tensor:
-        """Per-row transcript-loss sums of a prepared step (``model.prepare``), under autocast,
-        through the compiled graph when there is one."""
-        fn = self.compiled if self.compiled is not None else model.row_loss_sums
+        """Per-row transcript-loss sums of a prepared step (``model.prepare``), under autocast."""
         with self.compute():
-            return fn(step)
+            return model.row_loss_sums(step)
 
     def backward(self, model: nn.Module, batch: Mapping[str, Any],
                  params: Mapping[str, torch.Tensor]) -> torch.Tensor:
@@ -307,9 +305,10 @@ def parallelize(model: nn.Module, model_cfg: Any, device: torch.device,
     """Apply dtype, device, activation checkpointing, sharding and compilation to ``model`` (in
     place, in that order) and return its :class:`Placement`. ``model_cfg`` is a ``ModelConfig``."""
     layout = layout or LaneLayout(1, 1, 0)
-    dtype = resolve_dtype(model_cfg.dtype, device.type)
-    apply_dtype(model, dtype)
     shard = model_cfg.shard if layout.group_size > 1 else "none"
+    compiled = resolve_compile(model_cfg.compile, device.type) and shard == "none"
+    dtype = resolve_dtype(model_cfg.dtype, device.type, compiled)
+    apply_dtype(model, dtype)
     if shard == "none":
         if any(p.is_meta for p in model.parameters()):  # a skeleton, unsharded: read it whole
             model.weights.materialise(model, device)
@@ -327,22 +326,36 @@ def parallelize(model: nn.Module, model_cfg: Any, device: torch.device,
         group = lane_mesh(layout, device).get_group()
         model._zero3_hooks = apply_zero3(model, group, device)  # lives as long as the model
     placement = Placement(device, dtype, layout, group)
-    if resolve_compile(model_cfg.compile, device.type) and shard == "none":
+    if compiled:
         apply_compile(model, placement)
     return placement
 
 
 # Shapes of a compiled step are rounded up to these quanta (mel frames, decoder positions,
-# transcript targets): a run then meets a bounded number of shapes and compiles each once.
-STEP_BUCKETS = (32, 16, 32)
+# transcript targets): frames to a multiple of the encoder's 2x downsampling times the
+# connector's stacking, so the padded encoder output always stacks without a remainder.
+STEP_BUCKETS = (32, 8, 8)
 
 
-def apply_compile(model: nn.Module, placement: Placement) -> None:
-    """Compile the training step's graph (``model.row_loss_sums``: forward, and its backward
-    through AOTAutograd) with inductor, for the bucketed shapes ``model.prepare`` makes. The model
-    is left as it is (evaluation and decoding run eagerly)."""
+def apply_compile(model: nn.Module, placement: Placement) -> int:
+    """Compile every encoder and decoder layer (inductor; torchtitan's per-block compile): each
+    layer's forward, and its backward through AOTAutograd, with symbolic batch and lengths
+    (``dynamic=True``), so a run compiles at most 6 graphs whatever its utterances (the first
+    encoder layer, whose input needs no gradient, the other encoder layers and the decoder layers,
+    each also specialised to a one-row batch; tests/engine/test_compiled_step.py), and inductor's
+    on-disk cache serves later runs. Layers of one type
+    share the compiled code; the glue between them (embeddings, the connector, the LM head on the
+    targets) runs eagerly, as do evaluation and decoding (their KV cache is outside the layer's
+    graph). Prepared steps are rounded up to ``STEP_BUCKETS``. Returns the layers compiled."""
     import torch._dynamo
+    import torch.fx.experimental._config as fx_config
 
-    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 256)
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+    # sizes that happen to be equal in the first batch must not become one symbol
+    fx_config.use_duck_shape = False
+    layers = _layers(model)
+    for layer in layers:
+        layer.compile(dynamic=True)
     placement.buckets = STEP_BUCKETS
-    placement.compiled = torch.compile(model.row_loss_sums, dynamic=False)
+    placement.compiled_layers = len(layers)
+    return len(layers)

@@ -249,7 +249,9 @@ def build_world(cfg: Config, comm: Any, log: Callable[[str], None]) -> World:
     if comm.rank == 0:
         log(f"{population} clients, q={q:.3f}, {len(groups)} trainable groups "
             f"({sum(g.numel for g in groups):,} parameters), {comm.world_size} rank(s) in "
-            f"{layout.lanes} lane(s) of {layout.group_size}, {device}, base {cfg.model.dtype}, "
+            f"{layout.lanes} lane(s) of {layout.group_size}, {device}, base "
+            f"{str(placement.dtype).removeprefix('torch.')}"
+            f"{' (compiled step)' if placement.compiled_layers else ''}, "
             + (f"DP {cfg.privacy.clipping} C={cfg.privacy.clip_norm} "
                f"sigma={cfg.privacy.noise_multiplier}" if private else "NON-PRIVATE FedAvg"))
     return World(cfg, model, groups, state, policy, ledger, server, engine, evaluation,

@@ -23,7 +23,7 @@ from torch import nn
 from cluster_fl.config import ModelConfig
 from cluster_fl.errors import UserError
 from cluster_fl.models.registry import ArchSpec, get_arch, local_config
-from cluster_fl.precision import resolve_dtype
+from cluster_fl.precision import resolve_compile, resolve_dtype
 from cluster_fl.models.speech_llm import SpeechLLM, StackConnector, VoxtralConnector
 from cluster_fl.models.tokenizer import CharTokenizer, HFTokenizer, Tokenizer
 from cluster_fl.models.weights import CheckpointWeights
@@ -171,10 +171,16 @@ def _checkpoint_weights(spec: ArchSpec, model_cfg: ModelConfig) -> CheckpointWei
         "decoder": need(model_cfg.decoder_path, "model.decoder_path")})
 
 
+def _storage_dtype(model_cfg: ModelConfig) -> torch.dtype:
+    """The frozen base's dtype where the model will run (a GPU when there is one)."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    return resolve_dtype(model_cfg.dtype, device, resolve_compile(model_cfg.compile, device))
+
+
 def apply_storage_dtype(model: nn.Module, model_cfg: ModelConfig) -> None:
     """A meta skeleton's floating parameters in ``model.dtype`` (what ``from_pretrained(dtype=)``
     gives a loaded base), so a shard is allocated once in its final dtype."""
-    dtype = resolve_dtype(model_cfg.dtype, "cuda" if torch.cuda.is_available() else "cpu")
+    dtype = _storage_dtype(model_cfg)
     for p in model.parameters():
         if p.is_meta and p.is_floating_point() and p.dtype != dtype:
             p.data = p.data.to(dtype)
@@ -257,7 +263,7 @@ def _load_real(spec: ArchSpec, model_cfg: ModelConfig, tokenizer: Tokenizer) -> 
     # Load straight into the storage dtype of the frozen base (an fp16 or bf16 checkpoint is
     # cast once here, not after a full fp32 copy); the trainable groups are made fp32 masters
     # afterwards (cluster_fl.dist.parallelize.apply_dtype).
-    dtype = resolve_dtype(model_cfg.dtype, "cuda" if torch.cuda.is_available() else "cpu")
+    dtype = _storage_dtype(model_cfg)
     try:
         if spec.family == "voxtral":
             path = need(model_cfg.decoder_path or model_cfg.encoder_path, "model.decoder_path")

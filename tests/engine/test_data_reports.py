@@ -77,3 +77,31 @@ def test_an_undecodable_row_is_counted_per_client_for_the_operator_only(tiny_cor
         for path in folder.rglob("*"):  # neither the row nor its speaker's count is released
             if path.is_file() and path.suffix in (".txt", ".json", ".yaml"):
                 assert bad not in path.read_text(), path
+
+
+def test_batches_group_utterances_of_similar_length_and_keep_every_utterance(tiny_corpus):
+    # make_batches: shuffle, order by 16-frame length bin, cut, shuffle the batches -- each
+    # utterance once per pass, as many batches as an unsorted pass, reproducible from the
+    # generator, and a batch's lengths span little more than a bin when the client has enough
+    import torch
+
+    from cluster_fl.engine.setup import LENGTH_BIN, load_clients, make_batches
+    from engine_helpers import tiny_config
+
+    cfg = tiny_config(tiny_corpus, tiny_corpus.parent / "unused")
+    _, clients, _ = load_clients(cfg)
+    items = [e for c in clients for e in c.load()]
+    lengths = sorted(e.features.shape[-1] for e in items)
+
+    def one_pass(seed):
+        return list(make_batches(items, 4, torch.Generator().manual_seed(seed)))
+
+    batches = one_pass(0)
+    assert len(batches) == -(-len(items) // 4)
+    assert sorted(x for b in batches for x in b["lengths"].tolist()) == lengths
+    assert [b["texts"] for b in one_pass(0)] == [b["texts"] for b in batches]
+    assert [b["texts"] for b in one_pass(1)] != [b["texts"] for b in batches]
+    # sorted into bins before cutting: a batch's rows never straddle more than the bins between
+    # two consecutive sorted cut points (a random batch spans most of the length range)
+    spans = [max(b["lengths"]) // LENGTH_BIN - min(b["lengths"]) // LENGTH_BIN for b in batches]
+    assert sum(spans) < sum((lengths[-1] - lengths[0]) // LENGTH_BIN for _ in batches) / 2

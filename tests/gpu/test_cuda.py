@@ -18,7 +18,8 @@ pytestmark = [pytest.mark.gpu,
 RUN = ["model.arch=whisper-tinyllama-tiny", "model.dtype=bfloat16", "fl.rounds=2",
        "fl.clients_per_round=4", "fl.sampling=fixed", "fl.max_local_steps=2", "fl.batch_size=4",
        "eval.max_utterances=4", "eval.bootstrap=10", "eval.max_new_tokens=6",
-       "privacy.diagnostics=exact", "privacy.clipping=alpha-split", "run.threads=1"]
+       "privacy.diagnostics=exact", "privacy.clipping=alpha-split", "run.threads=1",
+       "model.compile=false"]  # eager: the compiled step is measured by bench/gpu_check.sh
 
 
 def _train(tiny_corpus: Path, out: Path, device: str, torchrun: bool) -> Path:

@@ -1,0 +1,81 @@
+"""The compiled training step (``model.compile``): the same updates as the eager step, within the
+batched-client tests' tolerance, from a bounded number of compiled graphs.
+
+Each encoder and decoder layer is compiled with symbolic shapes (``dist.parallelize.apply_compile``);
+the step's inputs are prepared on the host (``SpeechLLM.prepare``) with lengths rounded up to
+``STEP_BUCKETS``. float32 on both sides: the tolerance is float32's (inductor fuses and reorders
+the elementwise work, so sums round differently), as in tests/engine/test_batched.py.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from engine_helpers import tiny_config
+
+from cluster_fl.dist import LocalComm
+
+REL_TOL = 1e-4
+
+
+def _rel(a: dict, b: dict) -> float:
+    num = sum(float((a[k] - b[k]).double().norm() ** 2) for k in a)
+    den = sum(float(a[k].double().norm() ** 2) for k in a)
+    return math.sqrt(num / den)
+
+
+def _world(tiny_corpus, out, *extra):
+    from cluster_fl.engine import setup
+
+    torch.set_num_threads(1)
+    cfg = tiny_config(tiny_corpus, out, "model.dtype=float32", "fl.max_local_steps=3",
+                      "fl.batch_size=2", *extra)
+    return setup.build_world(cfg, LocalComm(), lambda m: None)
+
+
+@pytest.fixture(scope="module")
+def worlds(tiny_corpus, reference_run, tmp_path_factory):
+    out = tmp_path_factory.mktemp("compiled")
+    return (_world(tiny_corpus, out / "eager", "model.compile=false"),
+            _world(tiny_corpus, out / "compiled", "model.compile=true"))
+
+
+@pytest.fixture(scope="module")
+def state(worlds):
+    # away from init (LoRA B is zero at init): every group's gradient is then nonzero
+    g = torch.Generator().manual_seed(1)
+    return {k: v + 0.05 * torch.randn(v.shape, generator=g)
+            for k, v in worlds[0].initial_state.items()}
+
+
+def test_the_compiled_step_trains_each_client_as_the_eager_step_does(worlds, state):
+    import torch._dynamo
+
+    eager, compiled = worlds
+    assert eager.placement.compiled_layers == 0 and compiled.placement.compiled_layers == 6
+    torch._dynamo.utils.counters.clear()
+    for c in range(4):  # clients of different sizes and utterance lengths
+        items = compiled.engine.clients[c].load()
+        a = eager.engine.runner.train(c, items, state, 1)
+        b = compiled.engine.runner.train(c, items, state, 1)
+        assert a.steps == b.steps
+        assert _rel(a.delta, b.delta) < REL_TOL, c
+        assert b.loss == pytest.approx(a.loss, rel=1e-5)
+    # graphs (forward + its backward): the first encoder layer (its input needs no gradient),
+    # the other encoder layers, the decoder layers -- each once with a symbolic batch and once
+    # specialised to a one-row batch: at most 6 whatever the utterances' lengths
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    assert 0 < graphs <= 6, graphs
+
+
+def test_a_compiled_block_of_clients_equals_the_eager_block(worlds, state):
+    eager, compiled = worlds
+    block = [(c.index, c.load()) for c in compiled.engine.clients[:3]]
+    a = list(eager.engine.runner.train_cohort(block, state, 1))
+    b = list(compiled.engine.runner.train_cohort(block, state, 1))
+    for x, y in zip(a, b):
+        assert x.steps == y.steps
+        assert _rel(x.delta, y.delta) < REL_TOL, x.client
