@@ -48,7 +48,8 @@ print(f"ratio allocated / planned tensors: {step['peak_gib'] / tensors:.2f} (goa
 for key, s in big["steps"].items():
     if isinstance(s, dict):
         print(f"{key}: {s['step_s']:.3f} s, model {s['model_tflop']:.1f} TFLOP, MFU {s['mfu']:.1%}"
-              f" (hardware {s['hardware_tflop']:.1f} TFLOP, {s['hfu']:.1%}), peak {s['peak_gib']:.1f} GiB")
+              f" (hardware {s['hardware_tflop']:.1f} TFLOP, {s['hfu']:.1%}), peak {s['peak_gib']:.1f} GiB,"
+              f" {s['syncs_per_step']} host syncs a step")
 PYEOF
 
 echo "== 3. the study's client workload: client updates/s, K = 1 eager / 1 compiled / 64 compiled"

@@ -54,15 +54,14 @@ def step_flops(cfg, n: int, seconds: float, checkpointing: bool) -> int:
     from cluster_fl.models.tokenizer import CharTokenizer
 
     model = apply_lora(build_skeleton(cfg), cfg)
-    apply_dtype(model, torch.bfloat16)
+    apply_dtype(model, torch.float32)  # FLOPs do not depend on the dtype; meta has no autocast
     model.tokenizer = CharTokenizer()
     if checkpointing:
         apply_activation_checkpointing(model)
     model.train()
     with FlopCounterMode(display=False) as counter:
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            step = model.prepare(_batch(model, n, seconds)).to(torch.device("meta"))
-            loss = model.row_loss_sums(step).sum()
+        step = model.prepare(_batch(model, n, seconds)).to(torch.device("meta"))
+        loss = model.row_loss_sums(step).sum()
         loss.backward()
     return counter.get_total_flops()
 
@@ -118,6 +117,19 @@ def big(args: argparse.Namespace) -> dict:
                 opt.zero_grad(set_to_none=True)
                 torch.cuda.empty_cache()
                 continue
+            if cuda:  # host synchronisations of one more step (sizes are prepared on the host)
+                import warnings
+
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    torch.cuda.set_sync_debug_mode("warn")
+                    try:
+                        opt.zero_grad(set_to_none=True)
+                        placement.backward(model, batch, params)
+                        opt.step()
+                    finally:
+                        torch.cuda.set_sync_debug_mode("default")
+                syncs = sum("synchroniz" in str(w.message) for w in caught)
             model_flops = step_flops(cfg, n, args.seconds, checkpointing=False)
             hw_flops = step_flops(cfg, n, args.seconds, checkpointing=ckpt)
             step_s = min(times[1:] or times)
@@ -126,7 +138,7 @@ def big(args: argparse.Namespace) -> dict:
                    "mfu": model_flops / step_s / H200_BF16_DENSE,
                    "hfu": hw_flops / step_s / H200_BF16_DENSE}
             if cuda:
-                row.update(peak_gib=torch.cuda.max_memory_allocated() / 2**30,
+                row.update(syncs_per_step=syncs, peak_gib=torch.cuda.max_memory_allocated() / 2**30,
                            reserved_gib=torch.cuda.max_memory_reserved() / 2**30)
             out["steps"][key] = row
             print(json.dumps({key: row}), flush=True)

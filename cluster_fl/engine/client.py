@@ -144,7 +144,7 @@ class ClientRunner:
                             self.fl.max_local_steps)
         opt = self._optimizer()
         self.model.train()
-        step, loss_sum = 0, torch.zeros((), dtype=torch.float64)
+        step, loss_sum = 0, torch.zeros((), dtype=torch.float64, device=self.placement.device)
         while step < total:
             for batch in self.make_batches(utterances, self.fl.batch_size, g):
                 if step >= total:
@@ -159,7 +159,7 @@ class ClientRunner:
                         [p for p in self.params.values() if p.grad is not None],
                         self.client_cfg.max_grad_norm)
                 opt.step()
-                loss_sum = loss_sum.to(loss.device) + loss.double()  # read once, at the end
+                loss_sum = loss_sum + loss.to(loss_sum.device, torch.float64)  # read once, at the end
                 step += 1
         with torch.no_grad():
             delta = {name: (p.detach() - global_state[name]).clone()

@@ -56,11 +56,15 @@ class Buckets:
 
 
 def _move(obj: Any, device: torch.device) -> Any:
-    """A dataclass of tensors (nested) with every tensor on ``device`` (asynchronous copies)."""
+    """A dataclass of tensors (nested) with every tensor on ``device``: from pinned host memory
+    to a GPU, so the copies are asynchronous (the host never waits for the device)."""
     changes = {}
+    pin = device.type == "cuda"
     for f in dataclasses.fields(obj):
         v = getattr(obj, f.name)
         if isinstance(v, torch.Tensor):
+            if pin and v.device.type == "cpu":
+                v = v.pin_memory()
             changes[f.name] = v.to(device, non_blocking=True)
         elif dataclasses.is_dataclass(v):
             changes[f.name] = _move(v, device)
@@ -365,7 +369,12 @@ class SpeechLLM(nn.Module):
         if length not in cache:
             rotary = self.__dict__.get("_rotary_host")
             if rotary is None:
-                rotary = copy.deepcopy(self.decoder.model.rotary_emb).to("cpu", torch.float32)
+                src = self.decoder.model.rotary_emb
+                if any(b.is_meta for b in src.buffers()):  # a skeleton: rebuilt from the config
+                    with torch.device("cpu"):
+                        rotary = type(src)(config=self.decoder.model.config)
+                else:
+                    rotary = copy.deepcopy(src).to("cpu", torch.float32)
                 self.__dict__["_rotary_host"] = rotary
             with torch.no_grad():
                 cache[length] = rotary(torch.zeros(1), torch.arange(length)[None, :])
