@@ -25,7 +25,7 @@ timeout 200 $PY -m pytest -q -m gpu tests/gpu -p no:cacheprovider || status=1
 
 echo "== 2. client steps of whisper-eurollm-9b (bf16 base, LoRA r16): time, memory, MFU"
 BIG=$(timeout 170 $PY bench/gpu_step.py big --arch whisper-eurollm-9b --batches 4,8,16 \
-  --checkpointing on --seconds 15 | tail -1) || status=1
+  --checkpointing on --seconds 15 | tee /dev/stderr | tail -1) || status=1
 echo "measured: $BIG"
 timeout 60 $PY bench/gpu_step.py big --arch whisper-eurollm-9b --batches 4 --checkpointing off \
   --seconds 15 | tail -1 || status=1
