@@ -126,7 +126,9 @@ class ClientRunner:
         frozen = [n for m, names in self._param_groups.items() if m == 0 for n in names]
         for name in frozen:  # a zero multiplier freezes the component for this client
             self.params[name].requires_grad_(False)
-        return torch.optim.AdamW(groups, lr=self.fl.lr, weight_decay=self.client_cfg.weight_decay)
+        # fused: one kernel per group for all its tensors (CPU and CUDA), not ~12 small ops each
+        return torch.optim.AdamW(groups, lr=self.fl.lr, weight_decay=self.client_cfg.weight_decay,
+                                 fused=True)
 
     def load_global(self, state: Mapping[str, torch.Tensor]) -> None:
         with torch.no_grad():
