@@ -91,8 +91,8 @@ class StepInputs:
     every index of the decoder's input layout and of the transcript targets. Only ``n_tokens``
     stays on the host (the divisor of a mean loss is known before the step)."""
 
-    features: torch.Tensor  # (B, n_mels, T) padded log-mels
-    encoder: EncoderMasks
+    features: torch.Tensor | None  # (B, n_mels, T) padded log-mels (None: text only)
+    encoder: EncoderMasks | None
     ids: torch.Tensor  # (B, W) prompt + text token ids, right-padded
     source: torch.Tensor  # (B, L) index into [audio slots | prompt + text] of each position
     valid: torch.Tensor  # (B, L, 1) 1 on real positions
@@ -111,7 +111,7 @@ class StepInputs:
     def to(self, device: torch.device) -> "StepInputs":
         """The same inputs on ``device`` (non-blocking copies; pinned host memory makes them
         asynchronous)."""
-        return self if self.features.device == device else _move(self, device)
+        return self if self.ids.device == device else _move(self, device)
 
 
 def _decoder_layout(n_audio: Sequence[int], slots: int, prompts: Sequence[Sequence[int]],
@@ -387,18 +387,36 @@ class SpeechLLM(nn.Module):
         :func:`torch.compile` captures once per bucket."""
         step = step.to(self.device)
         audio, _, _, _ = self.audio_embeddings(step.features, step.encoder.out_len, step.encoder)
+        return self._transcript_loss_sums(audio, step)
+
+    def decoder_embeddings(self, audio: torch.Tensor, step: StepInputs) -> torch.Tensor:
+        """The decoder's input ``[audio_i | prompt_i | text_i]`` (right-padded, zeros beyond):
+        one gather from ``[audio slots | token embeddings]`` at the host-made positions."""
         text = self.decoder.get_input_embeddings()(step.ids)
         d = audio.shape[-1]
         table = torch.cat([audio, text.to(audio.dtype)], dim=1)  # [audio slots | prompt + text]
-        emb = table.gather(1, step.source[..., None].expand(-1, -1, d)) * step.valid.to(audio.dtype)
+        return table.gather(1, step.source[..., None].expand(-1, -1, d)) * step.valid.to(audio.dtype)
+
+    def _transcript_loss_sums(self, audio: torch.Tensor, step: StepInputs) -> torch.Tensor:
+        """Per-row sums of the transcript tokens' cross-entropy, given the audio tokens."""
+        emb = self.decoder_embeddings(audio, step)
         hidden = self._run_decoder(emb, step.attention, (step.cos.to(emb.dtype),
                                                          step.sin.to(emb.dtype)))
         # the LM head runs on the transcript positions only (their flat indices, host-made)
-        picked = hidden.reshape(-1, d).index_select(0, step.target_index)
+        picked = hidden.reshape(-1, emb.shape[-1]).index_select(0, step.target_index)
         token = nn.functional.cross_entropy(self.decoder.lm_head(picked).float(), step.target_ids,
                                             ignore_index=IGNORE, reduction="none")
         return torch.zeros(step.ids.shape[0], dtype=token.dtype, device=token.device).index_add(
             0, step.target_rows, token)
+
+    def prepare_text(self, texts: Sequence[str], languages: Sequence[str | None]) -> StepInputs:
+        """A step of ``[prompt | text]`` sequences without audio (no features, no encoder)."""
+        tok = self.tokenizer
+        layout = _decoder_layout([0] * len(texts), 0, [tok.prompt_ids(g) for g in languages],
+                                 [tok.encode(t) for t in texts], tok.pad_id, tok.eos_id,
+                                 Buckets())
+        cos, sin = self._rotary_table(layout.pop("length"))
+        return StepInputs(features=None, encoder=None, cos=cos, sin=sin, **layout)
 
     def _run_decoder(self, emb: torch.Tensor, attention: torch.Tensor,
                      rotary: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
@@ -425,14 +443,10 @@ class SpeechLLM(nn.Module):
     def text_loss(self, texts: Sequence[str], languages: Sequence[str | None]) -> torch.Tensor:
         """The decoder alone as a language model: mean cross-entropy of ``[prompt | text]`` with no
         audio tokens (a text-pretrained LLM's objective; the encoder and connector do not run)."""
-        d = self.decoder.get_input_embeddings().weight.shape[1]
-        none = torch.zeros(len(texts), 1, d, device=self.device)
-        emb, attn, tgt = self._decoder_inputs(none, torch.zeros(len(texts), dtype=torch.long),
-                                              texts, languages)
-        hidden = self.decoder.model(inputs_embeds=emb, attention_mask=attn,
-                                    use_cache=False).last_hidden_state
-        keep = tgt != IGNORE
-        return nn.functional.cross_entropy(self.decoder.lm_head(hidden[keep]).float(), tgt[keep])
+        step = self.prepare_text(texts, languages).to(self.device)
+        table = self.decoder.get_input_embeddings().weight
+        none = torch.zeros(len(texts), 0, table.shape[1], dtype=table.dtype, device=self.device)
+        return self._transcript_loss_sums(none, step).sum() / max(int(step.n_tokens.sum()), 1)
 
     @torch.no_grad()
     def ctc_transcribe(self, batch: Batch | Mapping[str, Any]) -> list[str]:
@@ -449,40 +463,6 @@ class SpeechLLM(nn.Module):
             ids = [t for i, t in enumerate(row[:n]) if t != blank and (i == 0 or t != row[i - 1])]
             texts.append(self.tokenizer.decode(ids))
         return texts
-
-    def _decoder_inputs(self, audio: torch.Tensor, n_audio: torch.Tensor, texts: Sequence[str],
-                        languages: Sequence[str | None]
-                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Right-padded decoder inputs ``[audio_i | prompt_i | text_i]``, mask and targets.
-
-        Built with a few batched gathers rather than per-utterance slices and copies: on CPU the
-        per-utterance version spent ~10% of a pretraining step in small copies. Targets are
-        IGNORE except on the transcript tokens and eos.
-        """
-        tok, dev = self.tokenizer, audio.device
-        prompts = [tok.prompt_ids(lang) for lang in languages]
-        bodies = [tok.encode(text) for text in texts]
-        n = n_audio.tolist()
-        n_in = [len(p) + len(t) for p, t in zip(prompts, bodies)]  # prompt + text (eos: target)
-        b, width = len(bodies), max(n_in)
-        length = max(a + m for a, m in zip(n, n_in))
-        ids = np.full((b, width), tok.pad_id, dtype=np.int64)
-        tgt = np.full((b, length), IGNORE, dtype=np.int64)
-        for i, (p, t) in enumerate(zip(prompts, bodies)):
-            ids[i, : n_in[i]] = p + t
-            start = n[i] + len(p) - 1  # the position that predicts the first transcript token
-            tgt[i, start: start + len(t) + 1] = t + [tok.eos_id]
-        text = self.decoder.get_input_embeddings()(torch.from_numpy(ids).to(dev))
-        pos = torch.arange(length, device=dev)[None, :]
-        n_t = n_audio.to(dev)[:, None]
-        d = audio.shape[-1]
-        from_audio = audio.gather(1, pos.clamp(max=audio.shape[1] - 1).expand(b, -1)
-                                  [..., None].expand(-1, -1, d))
-        from_text = text.gather(1, (pos - n_t).clamp(0, width - 1)[..., None].expand(-1, -1, d))
-        valid = pos < n_t + torch.tensor(n_in, device=dev)[:, None]
-        emb = torch.where((pos < n_t)[..., None], from_audio, from_text.to(audio.dtype))
-        emb = emb.masked_fill(~valid[..., None], 0.0)
-        return emb, valid.long(), torch.from_numpy(tgt).to(dev)
 
     def _ctc_loss(self, states: torch.Tensor, enc_len: torch.Tensor,
                   texts: Sequence[str]) -> torch.Tensor:

@@ -195,11 +195,21 @@ def test_batched_decoder_inputs_match_per_utterance_assembly(arch):
     audio = torch.randn(3, 7, d)
     n_audio = torch.tensor([7, 2, 5])
     texts, langs = ["hello world", "a", "zwölf dreißig"], ["en", None, "de"]
-    got = model._decoder_inputs(audio, n_audio, texts, langs)
+    from cluster_fl.models.speech_llm import Buckets, StepInputs, _decoder_layout
+
+    tok = model.tokenizer
+    layout = _decoder_layout(n_audio.tolist(), audio.shape[1], [tok.prompt_ids(g) for g in langs],
+                             [tok.encode(t) for t in texts], tok.pad_id, tok.eos_id, Buckets())
+    length = layout.pop("length")
+    cos, sin = model._rotary_table(length)
+    step = StepInputs(features=None, encoder=None, cos=cos, sin=sin, **layout)
+    emb = model.decoder_embeddings(audio, step)
+    tgt = torch.full((3 * length,), -100, dtype=torch.long)
+    tgt[step.target_index] = step.target_ids
     want = _reference_decoder_inputs(model, audio, n_audio, texts, langs)
-    for g, w in zip(got, want):
-        assert g.shape == w.shape
-        assert torch.equal(g, w)
+    assert emb.shape == want[0].shape and torch.equal(emb, want[0])
+    assert torch.equal(step.valid[..., 0].long(), want[1])
+    assert torch.equal(tgt.view(3, length), want[2])
 
 
 def test_tiny_variants_use_eager_attention():

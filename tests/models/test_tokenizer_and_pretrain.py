@@ -277,12 +277,10 @@ def test_text_loss_matches_the_speech_loss_without_audio_tokens(utterances):
     texts = [u.transcript for u in utterances[:3]]
     langs = [u.language for u in utterances[:3]]
     lm = model.text_loss(texts, langs)
-    d = model.decoder.get_input_embeddings().weight.shape[1]
-    emb, attn, tgt = model._decoder_inputs(torch.zeros(3, 1, d), torch.zeros(3, dtype=torch.long),
-                                           texts, langs)
-    assert int(attn.sum()) == sum(len(model.tokenizer.prompt_ids(g)) +
-                                  len(model.tokenizer.encode(t)) for t, g in zip(texts, langs))
-    assert int((tgt != -100).sum()) == sum(model.target_counts(texts))
+    step = model.prepare_text(texts, langs)
+    assert int(step.valid.sum()) == sum(len(model.tokenizer.prompt_ids(g)) +
+                                        len(model.tokenizer.encode(t)) for t, g in zip(texts, langs))
+    assert int((step.target_ids != -100).sum()) == sum(model.target_counts(texts))
     assert torch.isfinite(lm) and float(lm.detach()) > 0
 
 
