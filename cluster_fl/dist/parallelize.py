@@ -326,6 +326,9 @@ def parallelize(model: nn.Module, model_cfg: Any, device: torch.device,
         group = lane_mesh(layout, device).get_group()
         model._zero3_hooks = apply_zero3(model, group, device)  # lives as long as the model
     placement = Placement(device, dtype, layout, group)
+    if device.type == "cuda":  # fp32 matmuls (LoRA, the connector, an fp32 base) on tensor cores
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
     if compiled:
         apply_compile(model, placement)
     return placement

@@ -63,7 +63,6 @@ def test_batched_clients_on_cuda_equal_one_client_at_a_time(tiny_corpus, tmp_pat
     # convolutions (the encoder's front end) in TF32 by default, with algorithms that depend on
     # the batch shape: measured on an H200, 3.4e-4 relative with TF32, < 1e-4 without it (fp32
     # matmuls are already full precision by default).
-    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
     from cluster_fl.config import load_config
     from cluster_fl.dist import LocalComm
     from cluster_fl.engine import setup
@@ -73,6 +72,9 @@ def test_batched_clients_on_cuda_equal_one_client_at_a_time(tiny_corpus, tmp_pat
                              "model.dtype=float32", "fl.clients_per_step=3", "fl.batch_size=2",
                              "fl.max_local_steps=3", "fl.rows_per_pass=0"])
     world = setup.build_world(cfg, LocalComm(), lambda m: None)
+    # parallelize turns TF32 on for CUDA (a default for speed); this comparison is about batching
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
     g = torch.Generator().manual_seed(1)
     state = {k: v + 0.01 * torch.randn(v.shape, generator=g).to(v.device)
              for k, v in world.initial_state.items()}
