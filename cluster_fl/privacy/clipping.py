@@ -118,13 +118,24 @@ class ClipResult:
 
 def safe_norm(t: torch.Tensor) -> float:
     """L2 norm in float64 with max-scaling, so 1e300-sized entries do not overflow."""
-    x = t.detach().to(torch.float64)
-    if x.numel() == 0:
-        return 0.0
-    top = float(x.abs().max())
-    if top == 0.0 or not math.isfinite(top):
-        return top
-    return top * float(torch.linalg.vector_norm(x / top))
+    return norm_parts([t])[1][0]
+
+
+def norm_parts(tensors: Sequence[torch.Tensor]) -> tuple[list[float], list[float]]:
+    """``(max |x|, ‖x‖₂)`` of each tensor, both float64, with :func:`safe_norm`'s max-scaling and
+    its exact values, read back from the device in ONE transfer (a client's tail then costs one
+    host synchronisation, not three per tensor). ``max |x|`` is finite exactly when every entry
+    is (NaN and ±Inf propagate through the max); the norm of a tensor whose max is 0 or not
+    finite is that max, as in :func:`safe_norm`."""
+    if not tensors:
+        return [], []
+    xs = [t.detach().to(torch.float64).reshape(-1) for t in tensors]
+    tops = torch.stack([x.abs().max() if x.numel() else x.new_zeros(()) for x in xs])
+    scaled = torch.stack([torch.linalg.vector_norm(x / top) for x, top in zip(xs, tops)])
+    top_list, scaled_list = torch.stack([tops, scaled]).tolist()
+    norms = [top if top == 0.0 or not math.isfinite(top) else top * sc
+             for top, sc in zip(top_list, scaled_list)]
+    return top_list, norms
 
 
 def combine_norms(norms: Sequence[float]) -> float:
@@ -277,10 +288,10 @@ class ClipPolicy:
         unit_thr = self.unit_thresholds()
         thr = {h: unit_thr[self._unit_of[h]] for h in self._names}
         pool_thr = self.pool_thresholds()
-        nonfinite = not all(bool(torch.isfinite(update[h]).all()) for h in self._names)
-        if nonfinite:
+        tops, norm_list = norm_parts([update[h] for h in self._names])  # one host sync
+        if not all(math.isfinite(top) for top in tops):
             return self._zero_result(update, thr)
-        norms = {h: safe_norm(update[h]) for h in self._names}
+        norms = dict(zip(self._names, norm_list))
         unit_norms = self._unit_norms(norms)
         factors: dict[str, float] = {}
         clipped: dict[str, bool] = {}

@@ -103,9 +103,16 @@ class Diagnostics:
 
     def measure(self, delta: Mapping[str, torch.Tensor], max_abs: float = math.inf) -> Measured:
         """Norms of an update that is not clipped (mechanism ``none``); non-finite → zero."""
-        norms = {k: float(v.double().norm()) for k, v in delta.items()}
+        # every norm and peak read back in one transfer (one host sync per client, not two
+        # per tensor)
+        names = list(delta)
+        stats = (torch.stack([torch.stack([delta[k].double().norm(),
+                                           delta[k].double().abs().max() if delta[k].numel()
+                                           else delta[k].new_zeros((), dtype=torch.float64)])
+                              for k in names]).tolist() if names else [])
+        norms = {k: n for k, (n, _) in zip(names, stats)}
         total = math.sqrt(sum(n * n for n in norms.values()))
-        biggest = max((float(v.abs().max()) for v in delta.values() if v.numel()), default=0.0)
+        biggest = max((top for k, (_, top) in zip(names, stats) if delta[k].numel()), default=0.0)
         # a coordinate beyond the fixed-point range is a diverged client: dropped and counted
         # like a non-finite one instead of failing the run
         if not math.isfinite(total) or not biggest <= max_abs:

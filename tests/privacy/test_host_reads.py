@@ -1,0 +1,135 @@
+"""The per-client tail reads the device back once: clipping, the secure-sum range checks and the
+non-private measurement each make one host transfer per client, whatever the number of tensors
+(on a GPU every read is a synchronisation: 3 per tensor before, 446 tensors at 9B). Counted on
+CPU by wrapping every Tensor -> Python conversion; the values are those of the per-tensor code.
+"""
+
+from __future__ import annotations
+
+import math
+
+import hypothesis.strategies as st
+import pytest
+import torch
+from hypothesis import given, settings
+
+from cluster_fl.config import PrivacyConfig
+from cluster_fl.groups import GroupSpec
+from cluster_fl.privacy.clipping import make_policy, norm_parts, safe_norm
+from cluster_fl.privacy.diagnostics import Diagnostics
+from cluster_fl.secure_sum import SecureSummer, SecureSumRangeError
+
+
+def _reference_norm(t: torch.Tensor) -> float:
+    """The per-tensor max-scaled norm the engine used before (three reads per tensor)."""
+    x = t.detach().to(torch.float64)
+    if x.numel() == 0:
+        return 0.0
+    top = float(x.abs().max())
+    if top == 0.0 or not math.isfinite(top):
+        return top
+    return top * float(torch.linalg.vector_norm(x / top))
+
+
+_special = st.sampled_from([0.0, 1e-300, 1e300, -1e308, float("inf"), float("-inf"),
+                            float("nan"), 3.5, -2.25])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.one_of(st.floats(-1e6, 1e6), _special), max_size=40), min_size=1,
+                max_size=6), st.sampled_from([torch.float32, torch.float64]))
+def test_norm_parts_equals_the_per_tensor_norm_bitwise(rows, dtype):
+    tensors = [torch.tensor(r, dtype=dtype) for r in rows]
+    tops, norms = norm_parts(tensors)
+    for t, top, n in zip(tensors, tops, norms):
+        ref = _reference_norm(t)
+        assert (math.isnan(ref) and math.isnan(n)) or n == ref
+        finite = bool(torch.isfinite(t).all())
+        assert math.isfinite(top) == finite
+        assert safe_norm(t) == n or (math.isnan(n) and math.isnan(safe_norm(t)))
+
+
+class _Reads:
+    """Counts Tensor -> host conversions (tolist, item, float, bool, int) while active."""
+
+    NAMES = ("tolist", "item", "__float__", "__bool__", "__int__", "__index__")
+
+    def __init__(self, monkeypatch):
+        self.n = 0
+        for name in self.NAMES:
+            orig = getattr(torch.Tensor, name)
+
+            def wrapped(t, *a, _orig=orig, **k):
+                self.n += 1
+                return _orig(t, *a, **k)
+            monkeypatch.setattr(torch.Tensor, name, wrapped)
+
+
+def _groups(n: int) -> list[GroupSpec]:
+    comps = ["encoder", "connector", "decoder"]
+    return [GroupSpec(f"g{i}", comps[i % 3], 12, (3, 4)) for i in range(n)]
+
+
+@pytest.mark.parametrize("method", ["flat", "alpha-split", "uniform"])
+def test_clip_reads_back_once_per_client(monkeypatch, method):
+    groups = _groups(38)  # the tiny model's trainable tensors
+    policy = make_policy(PrivacyConfig(clipping=method, clip_norm=1.0), groups)
+    g = torch.Generator().manual_seed(0)
+    update = {s.name: torch.randn(3, 4, generator=g) for s in groups}
+    expected = policy.clip(update)
+    reads = _Reads(monkeypatch)
+    res = policy.clip(update)
+    assert reads.n == 1
+    assert res.group_norms == expected.group_norms
+    assert all(torch.equal(res.update[k], expected.update[k]) for k in update)
+    assert res.group_norms["g5"] == _reference_norm(update["g5"])
+
+
+def test_clip_of_a_nonfinite_update_still_zeroes_it_after_one_read(monkeypatch):
+    groups = _groups(6)
+    policy = make_policy(PrivacyConfig(clipping="flat", clip_norm=1.0), groups)
+    update = {s.name: torch.ones(3, 4) for s in groups}
+    update["g4"][1, 2] = float("nan")
+    reads = _Reads(monkeypatch)
+    res = policy.clip(update)
+    assert reads.n == 1 and res.nonfinite
+    assert all(float(v.abs().sum()) == 0.0 for v in res.update.values())
+
+
+def _summer() -> SecureSummer:
+    return SecureSummer({"u": (3, 4), "w": (5,), "stat": 2}, frac_bits=16, max_clients=4,
+                        bounds={"u": 1.0, "w": 1.0, "stat": 1.0}, mode="plain", seed=0)
+
+
+def test_secure_sum_add_reads_back_once_per_device(monkeypatch):
+    summer = _summer()
+    values = {"u": torch.full((3, 4), 0.25), "w": torch.zeros(5), "stat": torch.tensor([0.5, -1])}
+    reads = _Reads(monkeypatch)
+    summer.add(values)
+    assert reads.n == 1
+
+
+def test_secure_sum_add_checks_every_field_before_adding_any():
+    summer = _summer()
+    before = summer.partial()
+    with pytest.raises(SecureSumRangeError, match="'stat'"):
+        summer.add({"u": torch.full((3, 4), 0.25), "stat": torch.tensor([0.5, 2.0])})
+    with pytest.raises(ValueError, match="non-finite"):
+        summer.add({"u": torch.full((3, 4), float("nan")), "w": torch.zeros(5)})
+    after = summer.partial()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    summer.add({"u": torch.full((3, 4), 0.25)})
+    assert float(summer.partial()["u"].sum()) == 3.0
+
+
+def test_nonprivate_measure_reads_back_once(monkeypatch):
+    groups = _groups(9)
+    diag = Diagnostics(groups, None, PrivacyConfig(mechanism="none", diagnostics="exact"))
+    delta = {s.name: torch.full((3, 4), 0.5) for s in groups}
+    reads = _Reads(monkeypatch)
+    out = diag.measure(delta, max_abs=10.0)
+    assert reads.n == 1
+    assert out.group_norms["g0"] == pytest.approx(math.sqrt(12 * 0.25), rel=0, abs=1e-15)
+    assert not out.nonfinite
+    delta["g3"][0, 0] = 20.0  # beyond the fixed-point range: dropped like a non-finite client
+    assert diag.measure(delta, max_abs=10.0).nonfinite
