@@ -205,20 +205,30 @@ class SecureSummer:
     # ------------------------------------------------------------------ local accumulation
     def add(self, values: Mapping[str, torch.Tensor | float | int]) -> None:
         """Encode one contribution (a client's clipped update, its statistics; any subset of the
-        fields) and add it to this rank's running sum. The range checks read every field's peak
-        back in one transfer per device (no host synchronisation per field)."""
+        fields) and add it to this rank's running sum."""
+        self.add_many([values])
+
+    def add_many(self, contributions: Sequence[Mapping[str, torch.Tensor | float | int]]) -> None:
+        """Add several contributions (a block's clients) at once, with the same integers as one
+        :meth:`add` each (int64 sums are exact, so order and grouping do not matter): every
+        field of every contribution is range-checked first -- all peaks read back in one
+        transfer per device, nothing added if any fails -- then each field's values are encoded
+        as one stacked tensor and summed."""
         fields, xs = [], []
-        for name, value in values.items():
-            f = self.fields.get(name)
-            if f is None:
-                raise KeyError(f"unknown secure-sum field {name!r}; known: {list(self.fields)}")
-            x = torch.as_tensor(value).detach()
-            if not x.is_floating_point():  # counters: ints are exact in float64 up to 2^53
-                x = x.to(torch.float64)
-            if x.numel() != f.numel:
-                raise ValueError(f"field {name!r}: expected {f.numel} values, got {x.numel()}")
-            fields.append(f)
-            xs.append(x)
+        for values in contributions:
+            for name, value in values.items():
+                f = self.fields.get(name)
+                if f is None:
+                    raise KeyError(f"unknown secure-sum field {name!r}; known: "
+                                   f"{list(self.fields)}")
+                x = torch.as_tensor(value).detach()
+                if not x.is_floating_point():  # counters: ints are exact in float64 up to 2^53
+                    x = x.to(torch.float64)
+                if x.numel() != f.numel:
+                    raise ValueError(f"field {name!r}: expected {f.numel} values, got "
+                                     f"{x.numel()}")
+                fields.append(f)
+                xs.append(x)
         for f, x, peak in zip(fields, xs, _peaks(xs)):
             if not math.isfinite(peak):
                 raise ValueError(f"field {f.name!r}: non-finite values (zero a NaN/Inf "
@@ -226,11 +236,20 @@ class SecureSummer:
             if peak > f.bound * _SLACK:
                 raise SecureSumRangeError(f"field {f.name!r}: |x| = {peak:g} exceeds its bound "
                                           f"{f.bound:g} (clip before adding)")
+        by_field: dict[str, list[torch.Tensor]] = {}
         for f, x in zip(fields, xs):
-            # within its bound, check_range guarantees the encoding and the sum fit int64
-            enc = _scale(x.to(self._acc.device), f.frac_bits).reshape(-1).to(torch.int64)
+            by_field.setdefault(f.name, []).append(x.to(self._acc.device).reshape(-1))
+        for name, parts in by_field.items():
+            f = self.fields[name]
+            # within its bound, check_range guarantees each encoding and the sum fit int64
+            if len(parts) == 1:
+                enc = _scale(parts[0], f.frac_bits).to(torch.int64)
+            elif all(t.dtype == parts[0].dtype for t in parts):
+                enc = _scale(torch.stack(parts), f.frac_bits).to(torch.int64).sum(0)
+            else:
+                enc = sum(_scale(t, f.frac_bits).to(torch.int64) for t in parts)
             self._acc[f.offset:f.offset + f.numel] += enc
-            self._acc[self.numel + self._index[f.name]] += 1
+            self._acc[self.numel + self._index[name]] += len(parts)
 
     def add_offset(self, values: Mapping[str, torch.Tensor]) -> None:
         """Encode an offset (rank 0's noise; any subset of the fields) into this rank's

@@ -179,18 +179,18 @@ class RoundEngine:
         stat_size = self.policy.statistic_size if self.private else 0
         self._local = {"trained": 0, "nonfinite": 0, "skipped": 0}
         # a lane's members train each client together; its leader speaks for the lane
-        contribute = summer.add if self.layout.leader else (lambda values: None)
+        contribute = summer.add_many if self.layout.leader else (lambda contributions: None)
         for block in mine:
             loaded = [(index, self.clients[index].load()) for index in block]
             for index, items in loaded:
                 if not items:  # no usable audio (none, or every row corrupt): skipped, counted
                     self._local["skipped"] += 1
                     if self.diag.size:
-                        contribute({"diag": self.diag.skipped()})
+                        contribute([{"diag": self.diag.skipped()}])
             usable = [(index, items) for index, items in loaded if items]
-            for upd in (self.runner.train_cohort(usable, state, round_) if usable else ()):
-                self._contribute(round_, upd, contribute)
-                del upd
+            if usable:  # a block's updates are clipped and added together (one host read each)
+                self._contribute(round_, list(self.runner.train_cohort(usable, state, round_)),
+                                 contribute)
                 self.trimmer.after_client()
             del loaded, usable
         if self.comm.rank == 0:  # the noise step, BEFORE the sum: no rank gets the clean total
@@ -217,25 +217,28 @@ class RoundEngine:
                         wall_s=time.perf_counter() - t0)
         return RoundOutput(state=new_state, row=row, operator=operator)
 
-    def _contribute(self, round_: int, upd: ClientUpdate, contribute) -> None:
-        """Clip one client's update (DP) and add it, its statistic and diagnostics to the sum."""
-        client = self.clients[upd.client]
-        res = (self.policy.clip(upd.delta) if self.private
-               else self.diag.measure(upd.delta, NONPRIVATE_BOUND))
-        self._local["trained"] += 1
-        self._local["nonfinite"] += int(bool(res.nonfinite))
-        w = 0.0 if res.nonfinite else self._weight(upd.n_samples)
-        values = {k: (v * w if w != 1.0 else v) for k, v in res.update.items()}
-        if self.private and self.policy.statistic_size:
-            b = self._stat_bound()
-            values["stat"] = self.policy.statistic(res).to(torch.float64).clamp(-b, b)
-        if self.diag.size:
-            values["diag"] = self.diag.client_vector(res, upd.loss)
-        if not self.private:
-            values["weight"] = torch.tensor([w], dtype=torch.float64)
-        contribute(values)
-        if self.recorder is not None and self.layout.leader:
-            self.recorder.upload(round_, client, res, upd)
+    def _contribute(self, round_: int, upds: Sequence[ClientUpdate], contribute) -> None:
+        """Clip a block's updates (DP) and add them, their statistics and diagnostics to the
+        sum: the block's norms are read back once, its contributions encoded together."""
+        results = (self.policy.clip_many([u.delta for u in upds]) if self.private
+                   else [self.diag.measure(u.delta, NONPRIVATE_BOUND) for u in upds])
+        contributions = []
+        for upd, res in zip(upds, results):
+            self._local["trained"] += 1
+            self._local["nonfinite"] += int(bool(res.nonfinite))
+            w = 0.0 if res.nonfinite else self._weight(upd.n_samples)
+            values = {k: (v * w if w != 1.0 else v) for k, v in res.update.items()}
+            if self.private and self.policy.statistic_size:
+                b = self._stat_bound()
+                values["stat"] = self.policy.statistic(res).to(torch.float64).clamp(-b, b)
+            if self.diag.size:
+                values["diag"] = self.diag.client_vector(res, upd.loss)
+            if not self.private:
+                values["weight"] = torch.tensor([w], dtype=torch.float64)
+            contributions.append(values)
+            if self.recorder is not None and self.layout.leader:
+                self.recorder.upload(round_, self.clients[upd.client], res, upd)
+        contribute(contributions)
 
     def _noise_stds(self, fields: Mapping[str, Any]) -> dict[str, float]:
         """Std of the Gaussian noise each summed field gets (0 = released exactly)."""

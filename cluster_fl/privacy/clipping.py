@@ -280,15 +280,28 @@ class ClipPolicy:
     # ---- clipping ---------------------------------------------------------------------
     def clip(self, update: Mapping[str, torch.Tensor]) -> ClipResult:
         """Clip one client's update (dict group → tensor); ‖result‖₂ ≤ C for every input."""
-        missing = [h for h in self._names if h not in update]
-        extra = [h for h in update if h not in self._index]
-        if missing or extra:
-            raise ValueError(f"update groups do not match the policy: missing {missing[:3]}, "
-                             f"unexpected {extra[:3]}")
+        return self.clip_many([update])[0]
+
+    def clip_many(self, updates: Sequence[Mapping[str, torch.Tensor]]) -> list[ClipResult]:
+        """Clip a block's clients (each exactly as :meth:`clip` would, bit for bit): every
+        norm of every client is read back from the device in ONE transfer."""
+        for update in updates:
+            missing = [h for h in self._names if h not in update]
+            extra = [h for h in update if h not in self._index]
+            if missing or extra:
+                raise ValueError(f"update groups do not match the policy: missing {missing[:3]}, "
+                                 f"unexpected {extra[:3]}")
+        tops, norm_list = norm_parts([u[h] for u in updates for h in self._names])
+        g = len(self._names)
+        return [self._clip_one(u, tops[i * g:(i + 1) * g], norm_list[i * g:(i + 1) * g])
+                for i, u in enumerate(updates)]
+
+    def _clip_one(self, update: Mapping[str, torch.Tensor], tops: Sequence[float],
+                  norm_list: Sequence[float]) -> ClipResult:
+        """One client's clip from its groups' (max |x|, norm) (:func:`norm_parts`)."""
         unit_thr = self.unit_thresholds()
         thr = {h: unit_thr[self._unit_of[h]] for h in self._names}
         pool_thr = self.pool_thresholds()
-        tops, norm_list = norm_parts([update[h] for h in self._names])  # one host sync
         if not all(math.isfinite(top) for top in tops):
             return self._zero_result(update, thr)
         norms = dict(zip(self._names, norm_list))

@@ -246,20 +246,22 @@ def decisions_worker(comm: Any, overrides: list[str]) -> dict[str, Any]:
     def run_round(self, round_, state):
         if not getattr(self, "_spied", False):
             self._spied, last = True, {}
-            train, clip = self.runner.train, self.policy.clip
+            train, clip_many = self.runner.train, self.policy.clip_many
 
             def spy_train(client, *args, **kwargs):
                 last["client"] = client
                 return train(client, *args, **kwargs)
 
-            def spy_clip(delta):
-                res = clip(delta)
+            def spy_clip_many(deltas):
+                assert len(deltas) == 1, "decisions_worker follows one client per block"
+                results = clip_many(deltas)
                 if self.layout.leader:
+                    res = results[0]
                     decisions[(self._round, last["client"])] = (
                         res.clipped, tuple(sorted(res.pool_clipped.items())), res.total_norm)
-                return res
+                return results
 
-            self.runner.train, self.policy.clip = spy_train, spy_clip
+            self.runner.train, self.policy.clip_many = spy_train, spy_clip_many
         self._round = round_
         return original(self, round_, state)
 
@@ -299,13 +301,13 @@ def noise_only_worker(comm: Any, overrides: list[str]) -> dict[str, Any]:
     releases the noise alone (same seed: the same noise as the trained run, round for round)."""
     from cluster_fl.privacy.clipping import ClipPolicy
 
-    original = ClipPolicy.clip
+    original = ClipPolicy.clip_many  # the engine clips a block at a time
 
-    def clip(self, update):
-        return original(self, {k: torch.zeros_like(v) for k, v in update.items()})
+    def clip_many(self, updates):
+        return original(self, [{k: torch.zeros_like(v) for k, v in u.items()} for u in updates])
 
-    ClipPolicy.clip = clip
+    ClipPolicy.clip_many = clip_many
     try:
         return training_worker(comm, overrides)
     finally:
-        ClipPolicy.clip = original
+        ClipPolicy.clip_many = original

@@ -133,3 +133,35 @@ def test_nonprivate_measure_reads_back_once(monkeypatch):
     assert not out.nonfinite
     delta["g3"][0, 0] = 20.0  # beyond the fixed-point range: dropped like a non-finite client
     assert diag.measure(delta, max_abs=10.0).nonfinite
+
+
+@pytest.mark.parametrize("method", ["flat", "alpha-split", "uniform", "size-ema"])
+def test_a_block_is_clipped_as_its_clients_one_by_one_with_one_read(monkeypatch, method):
+    groups = _groups(12)
+    policy = make_policy(PrivacyConfig(clipping=method, clip_norm=1.0), groups)
+    g = torch.Generator().manual_seed(3)
+    block = [{s.name: torch.randn(3, 4, generator=g) * scale for s in groups}
+             for scale in (0.01, 0.3, 5.0, 1e3)]
+    block[2]["g7"][0, 0] = float("inf")  # one non-finite client among them
+    alone = [policy.clip(u) for u in block]
+    reads = _Reads(monkeypatch)
+    together = policy.clip_many(block)
+    assert reads.n == 1
+    for a, b in zip(alone, together):
+        assert a.nonfinite == b.nonfinite and a.group_clipped == b.group_clipped
+        assert a.pool_retained == b.pool_retained
+        assert all(torch.equal(a.update[k], b.update[k]) for k in a.update)
+    assert [r.nonfinite for r in together] == [False, False, True, False]
+
+
+def test_a_block_adds_the_same_integers_as_its_clients_one_by_one(monkeypatch):
+    g = torch.Generator().manual_seed(4)
+    block = [{"u": torch.rand(3, 4, generator=g) * 2 - 1, "stat": torch.rand(2, generator=g)}
+             for _ in range(5)] + [{"w": torch.ones(5) * 0.5}]
+    one, many = _summer(), _summer()
+    for values in block:
+        one.add(values)
+    reads = _Reads(monkeypatch)
+    many.add_many(block)
+    assert reads.n == 1
+    assert torch.equal(one._acc, many._acc)  # the int64 buffer, counters included
