@@ -38,7 +38,7 @@ def corpus(work: Path, speakers: int) -> Path:
 
 
 def config(corpus_dir: Path, work: Path, **over):
-    from cluster_fl.config import load_config, replace
+    from cluster_fl.config import load_config, override
 
     cfg = load_config(ROOT / "cluster_fl" / "assets" / "demo.yaml")
     base = {"data.corpus": str(corpus_dir), "data.languages": ["en", "de"],
@@ -46,7 +46,7 @@ def config(corpus_dir: Path, work: Path, **over):
             "run.out": str(work / "runs"), "run.threads": 1, "eval.max_utterances": 4,
             "eval.bootstrap": 10}
     base.update(over)
-    return replace(cfg, base)
+    return override(cfg, base)
 
 
 def time_round(cfg, rounds: int = 1) -> float:

@@ -74,11 +74,12 @@ COPIES = ("aten::copy_", "aten::_to_copy", "aten::to", "aten::clone", "aten::con
 
 
 def _config(overrides: list[str]):
-    from cluster_fl.config import replace
-    from cluster_fl.config_load import parse_override
+    import cluster_fl.config as config
 
+    # ``override`` was called ``replace`` before the config package (a --tree baseline has that)
+    override = getattr(config, "override", None) or getattr(config, "replace")
     cfg = cluster_config(WORK, "dp")
-    return replace(cfg, dict(parse_override(o) for o in overrides)) if overrides else cfg
+    return override(cfg, dict(config.parse_override(o) for o in overrides)) if overrides else cfg
 
 
 # --------------------------------------------------------------------------- core rates

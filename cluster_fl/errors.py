@@ -1,4 +1,9 @@
-"""Errors meant for the user: the CLI prints them as one line and exits with code 2."""
+"""Errors meant for the user: the CLI prints them as one line and exits with code 2; and the
+exit code every layer agrees on for a run stopped by a signal after its checkpoint."""
+
+# EX_TEMPFAIL: the run checkpointed on a stop signal (SIGTERM, SLURM's preemption); resubmit it
+# to continue. The engine exits with it, the grid's packs and the demo read it.
+PREEMPTED_EXIT = 75
 
 
 class UserError(Exception):

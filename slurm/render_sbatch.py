@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from cluster_fl.config import parse_override
-from cluster_fl.experiments.grid import plan
+from cluster_fl.experiments.grid import pending_runs
 from cluster_fl.experiments.gridspec import load_grid
 from cluster_fl.experiments.sbatch import render, write_manifest
 
@@ -25,7 +25,7 @@ def main(argv=None) -> int:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="key=value")
     args = parser.parse_args(argv)
     grid = load_grid(args.grid, out=args.results)
-    todo, states = plan(grid, dict(parse_override(o) for o in args.overrides))
+    todo, states = pending_runs(grid, dict(parse_override(o) for o in args.overrides))
     if not todo:
         print(f"nothing to run: all {len(states)} runs are done or running", file=sys.stderr)
         return 0

@@ -100,7 +100,7 @@ LAYERS = {"cli": 5, "__main__": 5, "commands": 5,
           "engine": 3, "training": 3,
           "privacy": 2, "models": 2, "data": 2, "eval": 2, "secure_sum": 2,
           "dist": 1,
-          "config": 0, "config_load": 0, "errors": 0, "groups": 0, "seeding": 0, "precision": 0,
+          "config": 0, "errors": 0, "groups": 0, "seeding": 0, "precision": 0,
           "__init__": 0}
 INDEPENDENT = ("privacy", "models", "data")
 
@@ -161,3 +161,50 @@ def test_the_rules_see_a_planted_violation(tmp_path):
                                                  "cluster_fl.commands.train", "cluster_fl.commands"}
     assert "torch.distributed" in _imports(lazy)
     assert _relative_imports(ast.parse("from . import x\n")) == ["line 1"]
+
+
+def _import_time_edges() -> dict[str, set[str]]:
+    """module -> the package modules it imports when it is imported: top-level import statements
+    (not those inside functions, nor under ``if TYPE_CHECKING``). A parent package's
+    ``__init__``, which importing ``a.b.c`` runs first, is not an edge: Python has it in
+    ``sys.modules`` before its submodules run, so only modules that name each other cycle."""
+    names = {}
+    for p in sorted(PACKAGE.rglob("*.py")):
+        rel = p.relative_to(PACKAGE.parent).with_suffix("")
+        parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+        names[".".join(parts)] = p
+    edges: dict[str, set[str]] = {}
+    for mod, path in names.items():
+        tree = ast.parse(path.read_text(), str(path))
+        body = [n for n in tree.body if not (isinstance(n, ast.If)
+                                             and "TYPE_CHECKING" in ast.unparse(n.test))]
+        targets = set()
+        for node in body:
+            found = []
+            if isinstance(node, ast.Import):
+                found = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                found = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            targets.update(name for name in found if name in names)
+        edges[mod] = targets - {mod}
+    return edges
+
+
+def test_no_import_cycle_in_the_package():
+    edges = _import_time_edges()
+    state: dict[str, int] = {}
+    cycles: list[list[str]] = []
+
+    def visit(m: str, stack: list[str]) -> None:
+        state[m] = 1
+        for t in sorted(edges.get(m, ())):
+            if state.get(t) == 1:
+                cycles.append(stack[stack.index(t):] + [t])
+            elif t not in state:
+                visit(t, stack + [t])
+        state[m] = 2
+
+    for m in sorted(edges):
+        if m not in state:
+            visit(m, [m])
+    assert cycles == []

@@ -93,7 +93,7 @@ def prepare(work: Work) -> None:
 def cluster_config(work: Work, privacy: str, clients_per_step: int = 1):
     """The cluster_fl config of this work: DP = flat clipping + Gaussian noise + secure sum;
     FedAvg = no mechanism, plain sum."""
-    from cluster_fl.config import load_config, replace
+    from cluster_fl.config import load_config, override
 
     if privacy not in PRIVACY:
         raise ValueError(f"privacy must be one of {PRIVACY}, not {privacy!r}")
@@ -112,7 +112,7 @@ def cluster_config(work: Work, privacy: str, clients_per_step: int = 1):
                      "aggregation.secure_sum": True})
     else:
         over.update({"privacy.mechanism": "none", "aggregation.secure_sum": False})
-    return replace(cfg, over)
+    return override(cfg, over)
 
 
 @dataclass

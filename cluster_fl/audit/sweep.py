@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from cluster_fl.audit import attacks
-from cluster_fl.config import replace
+from cluster_fl.config import override
 from cluster_fl.groups import GroupSpec
 from cluster_fl.privacy.clipping import ClipPolicy, make_policy
 
@@ -70,7 +70,7 @@ def alpha_sweep(rec: Any, s: Any, alphas: tuple[float, ...] | None = None) -> li
     rng = np.random.default_rng(s.seed + 7)
     rows = []
     for a in alphas or ALPHAS:
-        cfg = replace(s.cfg, {"privacy.clipping": "alpha-split", "privacy.alpha": a,
+        cfg = override(s.cfg, {"privacy.clipping": "alpha-split", "privacy.alpha": a,
                               "privacy.inside_pool": rule})
         clipped = clip_uploads(raw, make_policy(cfg.privacy, specs))
         x = attacks.flatten_rows([clipped[g] for g in enc])

@@ -30,7 +30,7 @@ import sys
 import time
 from pathlib import Path
 
-from cluster_fl.config import load_config, replace
+from cluster_fl.config import load_config, override
 from cluster_fl.data.corpus import DEFAULT_FOLDER, default_cache
 from cluster_fl.engine.rundir import is_done, run_dir
 from cluster_fl.experiments.round0 import evaluate_round0
@@ -77,14 +77,15 @@ def train_on_ranks(cfg, ranks: int) -> Path:
     stderr; returns the run folder. ``ranks == 1`` trains in this process."""
     from cluster_fl.config import dump_config
     from cluster_fl.dist.launch import local_ranks_command
-    from cluster_fl.engine.train import PREEMPTED_EXIT, Preempted, run_training
+    from cluster_fl.errors import PREEMPTED_EXIT
+    from cluster_fl.engine.train import Preempted, run_training
 
     if ranks == 1:
         return run_training(cfg)
     folder = run_dir(cfg)
     folder.parent.mkdir(parents=True, exist_ok=True)
     resolved = folder.parent / f".{folder.name}.yaml"  # what the ranks load: the run's config
-    resolved.write_text(dump_config(replace(cfg, {"run.threads": 1})))
+    resolved.write_text(dump_config(override(cfg, {"run.threads": 1})))
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     proc = subprocess.run(local_ranks_command(ranks, ["train", str(resolved)]), env=env,
                           stdout=sys.stderr)
@@ -102,7 +103,8 @@ def _say(msg: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from cluster_fl.data import count_clients, make_corpus
-    from cluster_fl.engine.train import PREEMPTED_EXIT, Preempted
+    from cluster_fl.errors import PREEMPTED_EXIT
+    from cluster_fl.engine.train import Preempted
     from cluster_fl.experiments.compare import compare, comparisons_markdown
     from cluster_fl.experiments.results import find_runs
     from cluster_fl.experiments.table import summarise, to_markdown
@@ -134,12 +136,12 @@ def run(args: argparse.Namespace) -> int:
         changes["pretrain.minutes"] = args.pretrain_minutes
     if args.pretrain_steps is not None:
         changes["pretrain.steps"] = args.pretrain_steps
-    cfg = replace(cfg, changes)
+    cfg = override(cfg, changes)
     # one cached checkpoint per step budget: another budget is another starting model
     budget = (f"{cfg.pretrain.steps}steps" if cfg.pretrain.steps
               else f"{cfg.pretrain.minutes:g}min")
     ckpt = cache / "pretrain" / corpus.name / f"{cfg.model.arch}-{budget}"
-    cfg = replace(cfg, {"pretrain.out": str(ckpt)})
+    cfg = override(cfg, {"pretrain.out": str(ckpt)})
 
     _say(f"1/4 synthetic corpus ({len(langs)} languages) -> {corpus}")
     kwargs = {}
@@ -149,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
                   "test_speakers": 2}
         # a reduced corpus cannot spare the default held-out speakers: keep 3 of 4 for training
         held = min(cfg.pretrain.heldout_speakers, max(1, public // 4))
-        cfg = replace(cfg, {"pretrain.heldout_speakers": held})
+        cfg = override(cfg, {"pretrain.heldout_speakers": held})
     manifest = make_corpus(corpus, languages=langs, seed=cfg.run.seed, **kwargs)
     _say(f"   corpus ready: {_manifest_line(manifest)}")
 
@@ -157,15 +159,15 @@ def run(args: argparse.Namespace) -> int:
     result = pretrain(cfg, log=lambda m: _say("   " + m))  # returns at once when cached
     _say(f"   pretrained: {result.get('step')} steps, held-out public WER {result.get('wer')}"
          + (" (cached)" if result.get("cached") else ""))
-    cfg = replace(cfg, {"model.checkpoint": str(ckpt)})
+    cfg = override(cfg, {"model.checkpoint": str(ckpt)})
     population = count_clients(cfg.data)
     if cfg.fl.clients_per_round > population:  # a reduced corpus: cohort = everyone
         _say(f"   fl.clients_per_round {cfg.fl.clients_per_round} > {population} clients; using {population}")
-        cfg = replace(cfg, {"fl.clients_per_round": population})
+        cfg = override(cfg, {"fl.clients_per_round": population})
 
     folders = []
     for i, m in enumerate(methods, 1):
-        run_cfg = replace(cfg, {**METHODS[m], "run.experiment": "demo"})
+        run_cfg = override(cfg, {**METHODS[m], "run.experiment": "demo"})
         state = "cached" if is_done(run_dir(run_cfg)) else "running"
         _say(f"3/4 [{i}/{len(methods)}] {m}: {run_cfg.fl.rounds} rounds ({state}"
              + (f", {ranks} ranks)" if state == "running" and ranks > 1 else ")"))
@@ -174,7 +176,7 @@ def run(args: argparse.Namespace) -> int:
         except Preempted as exc:
             _say(f"   stopped by signal ({exc.folder}); run the demo again to resume")
             return PREEMPTED_EXIT
-    start = evaluate_round0(replace(cfg, {"run.experiment": "demo"}), say=_say)
+    start = evaluate_round0(override(cfg, {"run.experiment": "demo"}), say=_say)
     _say("4/4 results")
     runs = find_runs([start, *folders])
     print(to_markdown(summarise(runs)))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 
 from cluster_fl.config import parse_override
-from cluster_fl.experiments.grid import (CLUSTERS, TrainFn, check_devices, check_resources, plan,
+from cluster_fl.experiments.grid import (CLUSTERS, TrainFn, check_devices, check_resources, pending_runs,
                                          submit)
 from cluster_fl.experiments.gridspec import load_grid, run_folder
 from cluster_fl.experiments.pack import check_packing, packs, runs_per_task
@@ -36,7 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, train_fn: TrainFn | None = None) -> int:
     grid = load_grid(args.grid, out=args.out)
     extra = dict(parse_override(o) for o in args.overrides)
-    todo, states = plan(grid, extra)
+    todo, states = pending_runs(grid, extra)
     print(f"grid {grid.experiment}: {len(states)} runs under {grid.root}")
     print(format_states(states))
     if args.dry_run:

@@ -14,7 +14,8 @@ import argparse
 # installed, so that a SIGTERM during start-up is a clean stop too (exit 75).
 from cluster_fl.commands import add_config_arguments, load_checked
 from cluster_fl.engine.checkpoint import StopFlag, Stopped
-from cluster_fl.engine.train import PREEMPTED_EXIT, Preempted, run_training
+from cluster_fl.errors import PREEMPTED_EXIT
+from cluster_fl.engine.train import Preempted, run_training
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

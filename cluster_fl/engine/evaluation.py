@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from cluster_fl.dist import Comm
 from cluster_fl.dist.parallelize import LaneLayout, Placement
 
 
@@ -69,7 +70,7 @@ class ShardedEvaluation:
             out.extend(zip(idx, score_rows(items, hyps)))
         return out
 
-    def run(self, model: Any, placement: Placement, comm: Any
+    def run(self, model: Any, placement: Placement, comm: Comm
             ) -> tuple[dict | None, list[dict] | None]:
         """Collective: every rank calls it. Rank 0 gets (summary, rows in set order); the other
         ranks get (None, None)."""

@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterable, Mapping
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from cluster_fl.dist import Comm
 from cluster_fl.engine.operator_log import operator_path
 from cluster_fl.engine.rundir import atomic_write_bytes, write_json
 from cluster_fl.privacy.diagnostics import LOSS_SCALE
@@ -124,7 +125,7 @@ class SkippedRows:
             except (ValueError, KeyError, TypeError):
                 self.rows = {}  # rebuilt from this attempt's reads
 
-    def collect(self, comm: Any) -> None:
+    def collect(self, comm: Comm) -> None:
         """Collective: every rank hands over its new entries; rank 0 logs and writes them."""
         new = [dict(e) for e in self.errors[self.seen:]]
         self.seen = len(self.errors)

@@ -180,14 +180,21 @@ def _jsonable(x: Any) -> Any:
 
 
 def read_status(folder: Path) -> dict[str, Any] | None:
-    """The run's status.json, or None when the run has not started."""
+    """The run's status.json; None when the run has not started (no file). The one reader of
+    it, for the engine (resume, refuse a finished run) and for the grid (a run's state): a file
+    that exists but cannot be read or parsed -- a status overwritten in place on a full disk and
+    cut short, a permission or network-filesystem error -- reads as a failed run that says why,
+    never as a run that has not started."""
     path = Path(folder) / "status.json"
     if not path.is_file():
         return None
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError:
-        return {"state": "failed", "error": "unreadable status.json"}
+        status = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        return {"state": "failed", "error": f"unreadable status.json ({type(exc).__name__})"}
+    if not isinstance(status, dict):
+        return {"state": "failed", "error": "unreadable status.json (not an object)"}
+    return status
 
 
 def write_status(folder: Path, state: str, round_: int, rounds: int,

@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
+from cluster_fl.dist import Comm
 from cluster_fl.config import Config, to_dict
 from cluster_fl.dist.parallelize import LaneLayout, Placement, parallelize, resolve_device
 from cluster_fl.engine.client import ClientRunner
@@ -28,7 +29,7 @@ from cluster_fl.models.registry import feature_shape, resolve_shapes
 from cluster_fl.seeding import derive_seed
 
 
-def set_threads(cfg: Config, comm: Any) -> int:
+def set_threads(cfg: Config, comm: Comm) -> int:
     """torch intra-op threads: ``run.threads``, or this process's CPUs (its affinity mask, not
     the machine's count) shared evenly with the ranks on its host whose masks overlap it.
     Collective when several ranks run (their masks are gathered); returns the number."""
@@ -98,7 +99,7 @@ class World:
     evaluation: ShardedEvaluation
     population: int
     placement: Placement
-    comm: Any
+    comm: Comm
 
     def policy_state(self) -> dict:
         return self.policy.state_dict() if self.policy is not None else {}
@@ -204,7 +205,7 @@ def sharded_from_meta(cfg: Config, layout: LaneLayout) -> bool:
             and not get_arch(cfg.model.arch).tiny)
 
 
-def build_world(cfg: Config, comm: Any, log: Callable[[str], None]) -> World:
+def build_world(cfg: Config, comm: Comm, log: Callable[[str], None]) -> World:
     from cluster_fl.models import (build_model, get_trainable, trainable_groups,
                                    trainable_parameters)
     from cluster_fl.privacy import ledger_for, make_policy, noise_for

@@ -23,8 +23,8 @@ import secrets
 import socket
 import time
 from pathlib import Path
-from typing import Any
 
+from cluster_fl.dist import Comm
 from cluster_fl.engine.rundir import atomic_write_bytes
 from cluster_fl.errors import UserError
 
@@ -32,7 +32,7 @@ TOKEN_NAME = "start.token"
 READ_WITHIN_S = 10.0  # how long a rank retries before it declares the folder unseen
 
 
-def check_start(comm: Any, folder: Path, checkpoint_round: int) -> None:
+def check_start(comm: Comm, folder: Path, checkpoint_round: int) -> None:
     """Collective, after the world is built and the run checkpoint read, before the first round:
     wait for every rank's load phase (slow group), then check that every rank sees rank 0's run
     folder and resumes from the same round. Raises :class:`~cluster_fl.errors.UserError` (one

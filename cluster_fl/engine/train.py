@@ -31,7 +31,7 @@ import secrets
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 # Light imports only: torch, models and data are imported inside the functions, after the stop
 # handlers are installed, so that a SIGTERM during start-up is a clean stop too (exit 75).
@@ -43,7 +43,9 @@ from cluster_fl.engine.rundir import (RESUME_TOLERATED, RunLock, append_text, cl
                                       write_config, write_json, write_status)
 from cluster_fl.errors import UserError
 
-PREEMPTED_EXIT = 75  # EX_TEMPFAIL: checkpointed on a signal, resubmit to continue
+if TYPE_CHECKING:  # imported lazily at run time: the process boundary starts with the run
+    from cluster_fl.dist import Comm
+
 # OS errors that describe the machine, not the code: reported as one line (exit 2)
 _ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG, errno.EACCES,
                        errno.EPERM, errno.ENOTDIR, errno.EISDIR}
@@ -91,7 +93,7 @@ def _check_existing(folder: Path, cfg: Config) -> None:
                         "or run.experiment to start a new run")
 
 
-def run_training(cfg: Config, comm: Any = None) -> Path:
+def run_training(cfg: Config, comm: Comm | None = None) -> Path:
     """Run (or resume) the experiment ``cfg`` and return its run folder.
 
     Raises :class:`Preempted` after a stop signal (the folder is resumable) and
@@ -111,7 +113,7 @@ def run_training(cfg: Config, comm: Any = None) -> Path:
             raise Preempted(folder) from None
 
 
-def _run(cfg: Config, comm: Any, folder: Path, stop: StopFlag) -> Path:
+def _run(cfg: Config, comm: Comm | None, folder: Path, stop: StopFlag) -> Path:
     from cluster_fl import dist
 
     own_comm = comm is None
@@ -156,7 +158,7 @@ def _run(cfg: Config, comm: Any, folder: Path, stop: StopFlag) -> Path:
 _DONE = "done"
 
 
-def _open_run(cfg: Config, comm: Any, folder: Path
+def _open_run(cfg: Config, comm: Comm, folder: Path
               ) -> tuple[bool, RunLock | None, list[Path]]:
     """Rank 0 takes the folder (lock, checks, config) and tells every rank what it found: the run
     is finished (``finished`` everywhere), cannot start (every rank raises the same one-line
@@ -200,7 +202,7 @@ def _open_run(cfg: Config, comm: Any, folder: Path
     return False, lock, removed
 
 
-def _working_config(cfg: Config, comm: Any, folder: Path) -> Config:
+def _working_config(cfg: Config, comm: Comm, folder: Path) -> Config:
     """The config the engine runs. Secure mode has no seed: rank 0 draws one from the OS at
     every start (every rank gets it) for cohort sampling and client randomness; it is never
     written anywhere, and the run keeps its folder (``run_id`` pinned to it)."""
@@ -254,7 +256,7 @@ def _record_end(folder: Path, cfg: Config, exc: BaseException, stopped: bool,
         pass
 
 
-def _train(cfg: Config, comm: Any, folder: Path, log: Log, stop: StopFlag,
+def _train(cfg: Config, comm: Comm, folder: Path, log: Log, stop: StopFlag,
            progress: dict, record: Config) -> Path:
     from cluster_fl.engine import setup, startup
     from cluster_fl.engine.metrics import SkippedRows, progress_line, write_rows
@@ -397,7 +399,7 @@ def _owners(clients: Any) -> dict[str, str]:
     return owner
 
 
-def _agree(comm: Any, flag: bool) -> bool:
+def _agree(comm: Comm, flag: bool) -> bool:
     """True on every rank if any rank got a stop signal (ranks must stop at the same round)."""
     if comm.world_size == 1:
         return flag

@@ -42,7 +42,7 @@ from submitit.helpers import Checkpointable, DelayedSubmission
 
 from cluster_fl.config import Config, build_config, to_dict
 from cluster_fl.dist.launch import submitit_torch_env, torch_env_set
-from cluster_fl.errors import UserError
+from cluster_fl.errors import PREEMPTED_EXIT, UserError
 from cluster_fl.experiments.gridspec import Grid, Resources, RunSpec, expand, run_folder
 from cluster_fl.experiments.pack import check_packing, pack_tasks
 from cluster_fl.experiments import status as status_mod
@@ -51,7 +51,6 @@ from cluster_fl.experiments.status import RESUBMIT, grid_states, write_registry
 TrainFn = Callable[[Config], Any]
 CLUSTERS = ("local", "slurm", "debug")
 POLL_S = 5.0  # at most this long between two looks of `--wait` at the run folders and squeue
-PREEMPTED_EXIT = 75  # the engine's exit code for "checkpointed on a signal" (EX_TEMPFAIL)
 
 
 def _engine_train(cfg: Config) -> Path:
@@ -254,7 +253,8 @@ def make_executor(grid: Grid, cluster: str) -> submitit.AutoExecutor:
     return executor
 
 
-def plan(grid: Grid, extra: dict[str, Any] | None = None) -> tuple[list[RunSpec], list[tuple[RunSpec, str]]]:
+def pending_runs(grid: Grid, extra: dict[str, Any] | None = None
+                 ) -> tuple[list[RunSpec], list[tuple[RunSpec, str]]]:
     """The runs to submit (failed or missing) and every run's current state."""
     states = grid_states(grid, expand(grid, extra))
     return [s for s, state in states if state in RESUBMIT], states

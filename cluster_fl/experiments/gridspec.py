@@ -17,7 +17,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from cluster_fl.config import SECTIONS, Config, ConfigError, load_config, replace, yaml_load
+from cluster_fl.config import SECTIONS, Config, ConfigError, load_config, override, yaml_load
 
 GRID_KEYS = {"experiment", "out", "base", "set", "axes", "exclude", "seeds", "resources"}
 RESOURCE_KEYS = {
@@ -231,7 +231,7 @@ def expand(grid: Grid, extra: Mapping[str, Any] | None = None) -> list[RunSpec]:
             changes.update({"run.seed": None if secure else seed, "run.experiment": grid.experiment,
                             "run.out": grid.out, "run.run_id": f"{cell}__s{seed}"})
             try:
-                cfg = resolve_shapes(replace(base, changes))  # data.n_mels: the model's
+                cfg = resolve_shapes(override(base, changes))  # data.n_mels: the model's
             except ConfigError as exc:
                 raise ConfigError(exc.key, f"in cell {cell}: {exc}") from None
             specs.append(RunSpec(cell=cell, axes=choice, seed=seed, overrides=changes, config=cfg))

@@ -36,10 +36,9 @@ from typing import Any, Sequence
 
 from cluster_fl.config import Config, build_config, dump_config, to_dict
 from cluster_fl.dist.launch import cpu_mask, single_process_env, split_cpus, task_gpus
-from cluster_fl.errors import UserError
+from cluster_fl.errors import PREEMPTED_EXIT, UserError
 from cluster_fl.experiments.gridspec import Grid, RunSpec
 
-PREEMPTED_EXIT = 75
 GIB = 1024 ** 3
 
 

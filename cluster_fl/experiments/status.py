@@ -37,6 +37,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from cluster_fl.engine.rundir import read_status
 from cluster_fl.experiments.gridspec import Grid, RunSpec, expand, run_folder
 
 STATES = ("done", "running", "pending", "failed", "missing")
@@ -68,14 +69,6 @@ def write_registry(grid: Grid, records: Mapping[str, Mapping[str, Any]]) -> None
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     tmp.write_text(json.dumps(merged, indent=1, sort_keys=True))
     os.replace(tmp, path)
-
-
-def read_status(folder: Path) -> dict[str, Any] | None:
-    """A run folder's ``status.json`` or None (absent or half-written)."""
-    try:
-        return json.loads((folder / "status.json").read_text())
-    except (OSError, ValueError):
-        return None
 
 
 def _run(cmd: list[str]) -> subprocess.CompletedProcess | None:

@@ -13,7 +13,7 @@ import yaml
 
 from cluster_fl import cli
 from cluster_fl.config import (SECTIONS, Config, ConfigError, build_config, dump_config,
-                               load_config, replace, to_dict, valid_keys)
+                               load_config, override, to_dict, valid_keys)
 from cluster_fl.models.registry import resolve_shapes
 
 LAYOUT = str(Path(__file__).parents[1] / "privacy" / "data" / "layout.yaml")
@@ -117,7 +117,7 @@ def test_dump_config_round_trips(capsys, tmp_path):
 def test_defaults_round_trip_and_privacy_off_is_written_out():
     cfg = Config()
     assert build_config(yaml.safe_load(dump_config(cfg))) == cfg
-    off = replace(cfg, {"privacy.mechanism": "none"})
+    off = override(cfg, {"privacy.mechanism": "none"})
     assert "mechanism: none" in dump_config(off)
     assert set(to_dict(cfg)) == set(SECTIONS)
     assert "privacy.population" in valid_keys()

@@ -14,7 +14,7 @@ import pytest
 
 from cluster_fl import cli
 from cluster_fl.config import (ConfigError, build_config, dump_config, load_config,
-                               parse_override, replace, yaml_load)
+                               parse_override, override, yaml_load)
 
 
 @pytest.mark.parametrize("text,value", [("fl.lr=1e-3", 1e-3), ("privacy.delta=1e-5", 1e-5),
@@ -72,11 +72,11 @@ def test_secure_mode_without_a_seed_resolves_to_null_and_round_trips(tmp_path):
     path = tmp_path / "resolved.yaml"
     path.write_text(text)
     assert load_config(path) == cfg
-    assert replace(cfg, {"fl.rounds": 2}).run.seed is None
+    assert override(cfg, {"fl.rounds": 2}).run.seed is None
     # an inherited seed is explicit too: switching a research config to secure mode needs it gone
     with pytest.raises(ConfigError, match="run.seed"):
-        replace(load_config(None, []), {"privacy.secure_mode": True})
-    assert replace(load_config(None, []), {"privacy.secure_mode": True, "run.seed": None}) == cfg
+        override(load_config(None, []), {"privacy.secure_mode": True})
+    assert override(load_config(None, []), {"privacy.secure_mode": True, "run.seed": None}) == cfg
 
 
 def test_a_null_seed_outside_secure_mode_is_refused():

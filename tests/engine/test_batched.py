@@ -24,11 +24,12 @@ import torch
 
 from engine_helpers import cohort_sizes, read_run, tiny_config, tiny_overrides, training_worker
 
-from cluster_fl.config import dump_config, replace
+from cluster_fl.config import dump_config, override
 from cluster_fl.dist import LocalComm, bitwise_differences, spawn
 from cluster_fl.engine import cohort as cohort_mod
 from cluster_fl.engine.batched import StackedAdamW
-from cluster_fl.engine.train import PREEMPTED_EXIT, run_training
+from cluster_fl.errors import PREEMPTED_EXIT
+from cluster_fl.engine.train import run_training
 
 HERE = Path(__file__).resolve().parent
 REL_TOL = 1e-4
@@ -109,7 +110,7 @@ def test_every_clipping_method_decides_and_clips_the_same(world, both, method):
         extra["privacy.pools"] = [
             {"name": c, "components": [c], "share": s}
             for c, s in (("encoder", 0.2), ("connector", 0.5), ("decoder", 0.3))]
-    policy = make_policy(replace(world.cfg, extra).privacy, world.groups)
+    policy = make_policy(override(world.cfg, extra).privacy, world.groups)
     for a, b in zip(seq, bat):
         ra, rb = policy.clip(a.delta), policy.clip(b.delta)
         assert ra.clipped == rb.clipped, (method, a.client)
@@ -200,7 +201,7 @@ def test_an_empty_client_in_a_block_is_skipped_and_the_rest_train(world, moved_s
     try:
         runner.train_cohort = spy
         engine.clients = [saved[0], empty, *saved[2:]]
-        engine.cfg = replace(world.cfg, {"fl.clients_per_step": 4, "fl.sampling": "fixed",
+        engine.cfg = override(world.cfg, {"fl.clients_per_step": 4, "fl.sampling": "fixed",
                                          "fl.clients_per_round": len(saved)})
         facts = engine.run_round(1, moved_state).operator
     finally:
@@ -277,7 +278,7 @@ def test_a_zero_lr_multiplier_freezes_a_component_in_a_block_as_alone(world, blo
     # no moments), the other groups still match the one-client update
     from cluster_fl.engine.client import ClientRunner
 
-    cfg = replace(world.cfg, {"client.lr_encoder_mult": 0.0})
+    cfg = override(world.cfg, {"client.lr_encoder_mult": 0.0})
     r = world.engine.runner
     runner = ClientRunner(r.model, r.params, r.groups, cfg.fl, cfg.client, r.make_batches, r.seed,
                           r.placement)

@@ -23,7 +23,8 @@ from engine_helpers import HERE, read_run, tiny_config
 from cluster_fl.config import dump_config
 from cluster_fl.dist import bitwise_differences
 from cluster_fl.engine.checkpoint import StopFlag
-from cluster_fl.engine.train import PREEMPTED_EXIT, run_training
+from cluster_fl.errors import PREEMPTED_EXIT
+from cluster_fl.engine.train import run_training
 
 
 def _env() -> dict[str, str]:

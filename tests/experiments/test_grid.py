@@ -84,10 +84,10 @@ def test_resubmitting_a_finished_grid_submits_nothing_and_a_deleted_run_is_resub
     assert grid_cmd.run(grid_args(path), train_fn=fake_train) == 0
     assert capsys.readouterr().out.splitlines()[-1] == "submitted 0 runs to debug"
     grid = load_grid(path)
-    todo, _ = grid_mod.plan(grid)
+    todo, _ = grid_mod.pending_runs(grid)
     assert todo == []
     shutil.rmtree(grid.root / "alpha-split__s1")
-    todo, states = grid_mod.plan(grid)
+    todo, states = grid_mod.pending_runs(grid)
     assert [s.run_id for s in todo] == ["alpha-split__s1"]
     assert dict((s.run_id, st) for s, st in states)["alpha-split__s1"] == "missing"
     assert main(["grid", str(path), "--cluster", "debug", "--dry-run"]) == 0
@@ -102,11 +102,11 @@ def test_failed_runs_are_resubmitted_and_running_ones_with_a_live_job_are_not(tm
     write_status(grid.root / "flat__s1", "running", 1, 2)
     status.write_registry(grid, {"flat__s1": {"cluster": "slurm", "job_id": "77_1", "host": "x"}})
     monkeypatch.setattr(status, "jobs_alive", lambda recs: {r: bool(v) for r, v in recs.items()})
-    todo, states = grid_mod.plan(grid)
+    todo, states = grid_mod.pending_runs(grid)
     assert [s.run_id for s in todo] == ["flat__s0"]
     monkeypatch.setattr(status, "jobs_alive",
                         lambda recs: {r: False if v else None for r, v in recs.items()})
-    todo, _ = grid_mod.plan(grid)  # the job died without finishing: resubmit
+    todo, _ = grid_mod.pending_runs(grid)  # the job died without finishing: resubmit
     assert [s.run_id for s in todo] == ["flat__s0", "flat__s1"]
 
 
@@ -159,7 +159,7 @@ def test_a_preempted_run_that_nobody_requeues_is_failed_with_the_round_it_stoppe
     path = tiny_grid(tmp_path, methods=("flat",), seeds=(0,))
     assert grid_cmd.run(grid_args(path), train_fn=fake_train) == 1
     assert "run flat__s0 failed: stopped after round 1 of 2" in capsys.readouterr().out
-    todo, _ = grid_mod.plan(load_grid(path))
+    todo, _ = grid_mod.pending_runs(load_grid(path))
     assert [s.run_id for s in todo] == ["flat__s0"]
     assert grid_cmd.run(grid_args(path), train_fn=fake_train) == 0  # resubmitted: resumes, finishes
     assert (load_grid(path).root / "flat__s0" / "attempts.txt").read_text().split() == [

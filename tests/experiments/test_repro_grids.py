@@ -85,13 +85,13 @@ def test_the_private_grid_is_heavy_flat_uniform_alpha_at_epsilon_at_most_10():
     """Item 5: the grid ready to launch -- its sigma, cohort and rounds give epsilon <= 10 at
     delta 1e-5 over the 2,400-speaker population it names (accounted here without the corpus)."""
     from cluster_fl.commands.account import account_report
-    from cluster_fl.config import replace
+    from cluster_fl.config import override
 
     specs = expand(load_grid(REPO / "configs" / "grids" / "repro-private.yaml"))
     assert [s.axes["method"] for s in specs[::3]] == ["flat", "uniform", "alpha-split"]
     heavy = {s.config.client.lr_encoder_mult for s in specs}
     assert heavy == {0.1} and {s.config.model.connector_init for s in specs} == {"fresh"}
-    cfg = replace(specs[0].config, {"privacy.population": 2400})
+    cfg = override(specs[0].config, {"privacy.population": 2400})
     report = account_report(cfg)
     # a research-mode grid: the mechanism's ε, recorded as a simulation (issue 28)
     assert report["guarantee"] == "simulation" and report["delta"] == 1e-5

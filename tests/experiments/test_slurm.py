@@ -25,7 +25,7 @@ def test_torchrun_sbatch_template_renders_array_resources_and_signal(tmp_path):
                     .replace("../arch/", str(REPO / "configs/arch") + "/")
                     .replace("../method/", str(REPO / "configs/method") + "/"))
     grid = load_grid(path, out=str(tmp_path / "out"))
-    todo, _ = grid_mod.plan(grid)
+    todo, _ = grid_mod.pending_runs(grid)
     text = render(grid, write_manifest(grid, todo), len(todo))
     assert f"#SBATCH --array=0-{len(todo) - 1}%16" in text
     for flag in ("--signal=B:USR2@120", "--requeue", "--nodes=1", "--gpus-per-node=4",

@@ -28,7 +28,7 @@ import torch
 from cluster_fl.audit.battery import Settings, measured_noise
 from cluster_fl.audit.channels import BATTERY, load_recording
 from cluster_fl.cli import main
-from cluster_fl.config import load_config, replace
+from cluster_fl.config import load_config, override
 from cluster_fl.engine.train import run_training
 from cluster_fl.privacy import ResearchNoise
 
@@ -87,7 +87,7 @@ def test_the_noise_the_audit_measures_is_the_noise_the_engine_drew(recorded):
     error = np.abs(measured - drawn).max()
     print(f"largest difference {error:.3g}")
     assert error < 1e-6  # float32 rounding of the recorded mean and uploads
-    unweighted, _ = measured_noise(rec, Settings(replace(cfg, {"aggregation.weighting": "uniform"})))
+    unweighted, _ = measured_noise(rec, Settings(override(cfg, {"aggregation.weighting": "uniform"})))
     assert np.abs(unweighted - drawn).max() > 100 * error
 
 

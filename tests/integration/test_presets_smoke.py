@@ -106,7 +106,7 @@ def _example(n_mels: int, seconds: float = 1.0):
 
 @pytest.mark.parametrize("key", sorted(CONFIGS))
 def test_a_preset_at_real_widths_takes_a_client_step_and_decodes(key, tmp_path):
-    from cluster_fl.config import replace
+    from cluster_fl.config import override
     from cluster_fl.dist.parallelize import parallelize
     from cluster_fl.engine.client import ClientRunner
     from cluster_fl.engine.setup import make_batches
@@ -125,7 +125,7 @@ def test_a_preset_at_real_widths_takes_a_client_step_and_decodes(key, tmp_path):
         tokenizer = _stand_in_tokenizer(tmp_path / "tokenizer", spec.decoder["vocab_size"])
         changes.update({"model.encoder_path": None, "model.decoder_path": None,
                         "model.tokenizer_path": str(tokenizer)})
-    cfg = replace(cfg, changes)
+    cfg = override(cfg, changes)
     torch.manual_seed(0)
     model = build_model(cfg.model, meta=not spec.tiny, weights=RandomWeights(0), depth=DEPTH)
     placement = parallelize(model, cfg.model, torch.device("cpu"))  # the preset's dtype policy

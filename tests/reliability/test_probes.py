@@ -27,7 +27,7 @@ import pytest
 from reliability_helpers import (Driven, cli, config_file, folder_of, one_line_error, status,
                                  temp_files)
 
-from cluster_fl.engine.train import PREEMPTED_EXIT
+from cluster_fl.errors import PREEMPTED_EXIT
 
 
 @pytest.fixture(scope="module")

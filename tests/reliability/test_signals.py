@@ -18,7 +18,8 @@ from reliability_helpers import (ROUNDS, Driven, assert_identical, cli, config_f
                                  status, temp_files, train_in_process)
 
 from cluster_fl.engine import evaluation, setup
-from cluster_fl.engine.train import PREEMPTED_EXIT, Preempted
+from cluster_fl.errors import PREEMPTED_EXIT
+from cluster_fl.engine.train import Preempted
 
 
 def _term_self() -> None:

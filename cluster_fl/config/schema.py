@@ -6,8 +6,9 @@ allowed values, and an unknown key names the nearest valid keys. The CLI turns a
 into one line on stderr and exit code 2.
 
 Presets may inherit: a top-level ``base: other.yaml`` (path relative to the preset, or a list of
-them) is loaded first and the preset's own keys override it. This file is the schema; reading
-presets and overrides lives in :mod:`cluster_fl.config_load` (re-exported at the bottom).
+them) is loaded first and the preset's own keys override it. This module is the schema; reading
+presets and overrides lives in :mod:`cluster_fl.config.load`, which imports it (never the other
+way round); :mod:`cluster_fl.config` re-exports both.
 """
 
 from __future__ import annotations
@@ -580,17 +581,3 @@ SECTIONS: dict[str, type] = {
     "privacy": PrivacyConfig, "aggregation": AggregationConfig, "eval": EvalConfig,
     "audit": AuditConfig, "pretrain": PretrainConfig, "run": RunConfig,
 }
-
-
-# Reading, overriding and writing configs live beside the schema (cluster_fl/config_load.py); they
-# are re-exported here so that ``from cluster_fl.config import load_config`` stays the API. The
-# import comes last: config_load needs the schema above.
-from cluster_fl.config_load import (build_config, dump_config, load_config,  # noqa: E402
-                                    parse_override, replace, to_dict, valid_keys, yaml_load)
-
-__all__ = [
-    "CLIPPING_METHODS", "COMPONENTS", "INSIDE_POOL_RULES", "SECTIONS", "AggregationConfig",
-    "AuditConfig", "ClientConfig", "Config", "ConfigError", "DataConfig", "EvalConfig", "FLConfig",
-    "ModelConfig", "PretrainConfig", "PrivacyConfig", "RunConfig", "build_config", "dump_config",
-    "load_config", "parse_override", "replace", "to_dict", "valid_keys", "yaml_load",
-]

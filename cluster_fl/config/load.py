@@ -1,9 +1,10 @@
 """Reading configs: YAML presets with ``base:`` inheritance, ``key=value`` overrides, the seed
 rule of secure mode, validation into a :class:`~cluster_fl.config.Config`, and the way back
-(``to_dict``, ``dump_config``, ``replace``).
+(``to_dict``, ``dump_config``, ``override``).
 
-The schema -- every section, key, default and check -- lives in :mod:`cluster_fl.config`, which
-re-exports these functions, so ``from cluster_fl.config import load_config`` stays the API.
+The schema -- every section, key, default and check -- lives in :mod:`cluster_fl.config.schema`;
+:mod:`cluster_fl.config` re-exports both, so ``from cluster_fl.config import load_config`` is the
+API.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 import yaml
+
+from cluster_fl.config.schema import SECTIONS, Config, ConfigError
 
 
 def valid_keys() -> list[str]:
@@ -165,8 +168,9 @@ def dump_config(cfg: Config) -> str:
     return yaml.safe_dump(to_dict(cfg), sort_keys=False, allow_unicode=True)
 
 
-def replace(cfg: Config, changes: Mapping[str, Any]) -> Config:
-    """Copy of ``cfg`` with dotted-key changes, e.g. ``replace(cfg, {"fl.rounds": 2})``."""
+def override(cfg: Config, changes: Mapping[str, Any]) -> Config:
+    """Copy of ``cfg`` with dotted-key changes, e.g. ``override(cfg, {"fl.rounds": 2})``
+    (validated as a loaded config is; not :func:`dataclasses.replace`)."""
     tree = to_dict(cfg)
     for key, value in changes.items():
         parts = key.split(".")
@@ -174,8 +178,3 @@ def replace(cfg: Config, changes: Mapping[str, Any]) -> Config:
             raise _unknown(key)
         tree[parts[0]][parts[1]] = value
     return build_config(tree)
-
-
-# The schema, imported last: cluster_fl.config re-exports this module's functions from its own
-# last line, so either module may be imported first (each finds the other's names defined).
-from cluster_fl.config import SECTIONS, Config, ConfigError  # noqa: E402
