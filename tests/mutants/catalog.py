@@ -64,7 +64,7 @@ MUTANTS: list[Mutant] = [
            "a clipped flat pool lands just ABOVE its threshold: ‖clipped‖ ≤ C broken"),
     Mutant("clip-unit-hit-at-2C", "cluster_fl/privacy/clipping.py",
            (("hit = unit_norms[u] > unit_thr[u]", "hit = unit_norms[u] > 2 * unit_thr[u]"),),
-           (P + "test_clipping.py",),
+           (P + "test_clipping.py::test_a_unit_just_over_its_threshold_is_clipped_to_it_and_only_it",),
            "a unit is clipped only above twice its threshold: the bound is 2·C_u"),
     Mutant("alpha-split-swapped", "cluster_fl/privacy/clipping.py",
            (('("encoder", lambda g: g.component == "encoder", cfg.alpha),',

@@ -73,8 +73,10 @@ def apply(mutant: Mutant, root: Path) -> str:
 
 
 def pytest_cmd(tests: list[str]) -> list[str]:
-    # -m "": the listed ids run even when marked slow (pyproject deselects slow by default)
-    return [sys.executable, "-m", "pytest", "-x", "-q", "-m", "", "-p", "no:cacheprovider", *tests]
+    # -m "": the listed ids run even when marked slow (pyproject deselects slow by default);
+    # a fixed Hypothesis seed: a property test kills a mutant every run or never, not by luck
+    return [sys.executable, "-m", "pytest", "-x", "-q", "-m", "", "-p", "no:cacheprovider",
+            "--hypothesis-seed=0", *tests]
 
 
 def env_for(root: Path) -> dict[str, str]:

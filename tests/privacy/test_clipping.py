@@ -229,6 +229,26 @@ def test_scaling_one_client_by_1e6_moves_the_sum_by_at_most_its_threshold():
         assert float(diff[h].norm()) <= thr[h]
 
 
+@pytest.mark.parametrize("method", ["size", "uniform"])
+@pytest.mark.parametrize("over", [1.01, 1.5, 1.99])
+def test_a_unit_just_over_its_threshold_is_clipped_to_it_and_only_it(method, over):
+    # deterministic companion of the property test (whose random draws need not land between
+    # C_u and 2·C_u): one group at `over` × its threshold, the others at a tenth of theirs
+    groups = speech_groups()
+    policy = make_policy(privacy(clipping=method, clip_norm=1.0), groups)
+    thr = policy.thresholds()
+    loud = groups[-1].name
+    upd = {g.name: torch.full((g.numel,), (over if g.name == loud else 0.1) * thr[g.name]
+                              / math.sqrt(g.numel), dtype=torch.float32) for g in groups}
+    res = policy.clip(upd)
+    assert res.group_clipped == {g.name: g.name == loud for g in groups}
+    assert float(res.update[loud].double().norm()) == pytest.approx(thr[loud], rel=1e-5)
+    assert float(res.update[loud].double().norm()) <= thr[loud]
+    for g in groups:
+        if g.name != loud:
+            assert torch.equal(res.update[g.name], upd[g.name])
+
+
 def test_nonfinite_update_is_zeroed_and_counted():
     groups = speech_groups()
     upd = random_update(groups)
