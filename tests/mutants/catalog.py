@@ -60,7 +60,7 @@ MUTANTS: list[Mutant] = [
     Mutant("clip-margin-sign", "cluster_fl/privacy/clipping.py",
            (("f = pool_thr[pool.name] / pn * (1.0 - MARGIN) if hit else 1.0",
              "f = pool_thr[pool.name] / pn * (1.0 + MARGIN) if hit else 1.0"),),
-           (P + "test_clipping.py",),
+           (P + "test_clipping.py::test_flat_is_global_scaling",),
            "a clipped flat pool lands just ABOVE its threshold: ‖clipped‖ ≤ C broken"),
     Mutant("clip-unit-hit-at-2C", "cluster_fl/privacy/clipping.py",
            (("hit = unit_norms[u] > unit_thr[u]", "hit = unit_norms[u] > 2 * unit_thr[u]"),),

@@ -124,6 +124,7 @@ def test_flat_is_global_scaling():
     for h in upd:  # one common factor for every group
         assert torch.allclose(res.update[h].double(), upd[h].double() * factor, rtol=1e-5)
     assert update_norm(res.update) == pytest.approx(1.0, rel=1e-5)
+    assert update_norm(res.update) <= 1.0  # exactly: scaled to C·(1 − MARGIN), never above C
     assert res.pool_retained["all"] == pytest.approx(factor, rel=1e-5)
 
 
