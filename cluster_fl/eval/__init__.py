@@ -4,8 +4,7 @@
 """
 
 from cluster_fl.eval.evaluate import EVAL_COLUMNS, evaluate, score_rows, transcribe
-from cluster_fl.eval.metrics import (bootstrap_ci, error_counts, pooled_cer, pooled_wer,
-                                     summarize)
+from cluster_fl.eval.metrics import bootstrap_ci, error_counts, summarize
 
-__all__ = ["EVAL_COLUMNS", "bootstrap_ci", "error_counts", "evaluate", "score_rows", "pooled_cer",
-           "pooled_wer", "summarize", "transcribe"]
+__all__ = ["EVAL_COLUMNS", "bootstrap_ci", "error_counts", "evaluate", "score_rows", "summarize",
+           "transcribe"]

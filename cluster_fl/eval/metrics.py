@@ -32,18 +32,6 @@ def _ratio(errors: float, total: float) -> float:
     return float(errors) / float(total) if total > 0 else float("nan")
 
 
-def pooled_wer(refs: Sequence[str], hyps: Sequence[str]) -> float:
-    """Corpus WER: summed word errors over summed reference words."""
-    counts = [error_counts(r, h) for r, h in zip(refs, hyps, strict=True)]
-    return _ratio(sum(c["word_errors"] for c in counts), sum(c["ref_words"] for c in counts))
-
-
-def pooled_cer(refs: Sequence[str], hyps: Sequence[str]) -> float:
-    """Corpus CER: summed character errors over summed reference characters."""
-    counts = [error_counts(r, h) for r, h in zip(refs, hyps, strict=True)]
-    return _ratio(sum(c["char_errors"] for c in counts), sum(c["ref_chars"] for c in counts))
-
-
 def _cluster_sums(rows: Iterable[Mapping], cluster: str, errors: str, total: str
                   ) -> tuple[np.ndarray, np.ndarray]:
     err: dict = defaultdict(float)

@@ -136,11 +136,6 @@ def slurm_nodes(partition: str | None = None) -> list[dict[str, Any]] | None:
     return nodes
 
 
-def job_alive(record: Mapping[str, Any] | None) -> bool | None:
-    """Is the scheduler job of a registry record still alive? None when it cannot be told."""
-    return jobs_alive({"run": record} if record else {}).get("run")
-
-
 def jobs_alive(records: Mapping[str, Mapping[str, Any] | None]) -> dict[str, bool | None]:
     """``run id -> alive?`` for registry records (one ``squeue`` call for all SLURM jobs)."""
     alive: dict[str, bool | None] = {}
@@ -190,12 +185,6 @@ def decide(status: Mapping[str, Any] | None, alive: bool | None, stale_s: float 
     if state == "running" and alive is None and _age_s(status) < stale_s:
         return "running"
     return "failed"
-
-
-def run_state(spec: RunSpec, registry: Mapping[str, Mapping[str, Any]],
-              stale_s: float = STALE_S) -> str:
-    """One of ``STATES`` for a run (see the module docstring for the rules)."""
-    return grid_states_of([spec], registry, stale_s)[0][1]
 
 
 def grid_states_of(specs: Sequence[RunSpec], registry: Mapping[str, Mapping[str, Any]],

@@ -19,13 +19,11 @@ from cluster_fl.privacy.accounting import (PrivacyLedger, RoundEvent, combined_n
                                            noise_multiplier_for_epsilon)
 from cluster_fl.privacy.clipping import (POLICIES, ClipPolicy, ClipResult, PoolSpec, make_policy,
                                          register_policy)
-from cluster_fl.privacy.noise import (NoiseSource, ResearchNoise, SecureNoise, make_noise,
-                                      noise_for, release_statistic)
+from cluster_fl.privacy.noise import NoiseSource, ResearchNoise, SecureNoise, make_noise, noise_for
 
 __all__ = [
     "POLICIES", "ClipPolicy", "ClipResult", "NoiseSource", "PoolSpec", "PrivacyLedger",
     "ResearchNoise", "RoundEvent", "SecureNoise", "combined_noise_multiplier", "compute_epsilon",
     "effective_noise_multipliers", "epsilon_of_events", "is_adaptive", "ledger_for",
     "make_noise", "make_policy", "noise_for", "noise_multiplier_for_epsilon", "register_policy",
-    "release_statistic",
 ]

@@ -1,4 +1,4 @@
-"""Gaussian noise for the summed update (and the summed adaptive statistic), added ONCE.
+"""Gaussian noise for the summed update (and the summed adaptive statistic), drawn ONCE.
 
 Threat model. The aggregator (rank 0's noise step) is trusted; what leaves it is the noised sum.
 Two modes:
@@ -20,7 +20,9 @@ Tails: no draw exceeds ``TAIL_STDS`` standard deviations (Box-Muller from a unif
 |z| ≤ √(2·ln(1/u)) ≤ 37.7 even for the smallest positive double), which is what the fixed-point
 range of the secure sum reserves for the noise rank 0 adds to it.
 
-Per-group streams (``"update/<group>"``) make a group's noise independent of dict order.
+Streams: the round engine draws one tensor per summed field (each update group, the adaptive
+statistic, the diagnostics) on stream ``"<run id>/<field>"`` (``engine/round.py``), so a field's
+noise does not depend on the order or the number of the other fields.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from __future__ import annotations
 import abc
 import hashlib
 import math
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 import torch
@@ -71,20 +73,6 @@ class NoiseSource(abc.ABC):
         if std == 0:
             return torch.zeros(shape, dtype=out_dtype, device=device)
         return (self._standard(tuple(shape), round, stream, device) * std).to(out_dtype)
-
-    def add_noise(self, tensor: torch.Tensor, std: float, *, round: int,
-                  stream: str) -> torch.Tensor:
-        """``tensor`` + N(0, std²), returned in the tensor's dtype promoted to ≥ float32."""
-        out_dtype = _release_dtype(tensor.dtype)
-        noise = self.gaussian(tuple(tensor.shape), std, round=round, stream=stream,
-                              device=tensor.device, dtype=torch.float64)
-        return (tensor.to(torch.float64) + noise).to(out_dtype)
-
-    def add_noise_dict(self, summed: Mapping[str, torch.Tensor], std: float, *, round: int,
-                       stream: str = "update") -> dict[str, torch.Tensor]:
-        """Noise every group of a summed update, group g on stream ``f"{stream}/{g}"``."""
-        return {g: self.add_noise(t, std, round=round, stream=f"{stream}/{g}")
-                for g, t in summed.items()}
 
 
 class ResearchNoise(NoiseSource):
@@ -138,12 +126,3 @@ def noise_for(privacy: Any, run_seed: int) -> NoiseSource:
     """The noise source of a run: secure (no seed passed) if ``privacy.secure_mode``, else
     research noise from ``run.seed``."""
     return make_noise(True) if privacy.secure_mode else make_noise(False, run_seed)
-
-
-def release_statistic(policy: Any, noise: NoiseSource, summed: torch.Tensor, *,
-                      round: int) -> torch.Tensor:
-    """The aggregator's release of an adaptive policy's summed statistic: + N(0,
-    ``policy.statistic_noise_std``²) once, on stream "statistic" (float64). This is the value
-    to pass to ``policy.update``."""
-    summed = torch.as_tensor(summed, dtype=torch.float64)
-    return noise.add_noise(summed, policy.statistic_noise_std, round=round, stream="statistic")

@@ -48,3 +48,33 @@ def test_a_mid_run_evaluation_logs_a_readable_wer_line():
     # without a bootstrap (eval.bootstrap: 0) the CI is NaN and left out
     summary.update(wer_ci_low=float("nan"), wer_ci_high=float("nan"))
     assert evaluation_line(3, 12, summary) == "round 3/12: test WER 0.912 (240 utterances)"
+
+
+class _GatherComm:
+    """Rank 0 of a world whose lanes hand back ``parts`` (in rank order) from the gather."""
+
+    rank = 0
+
+    def __init__(self, parts):
+        self.parts = parts
+
+    def all_gather_object(self, obj, slow=False):
+        return [obj] + self.parts[1:]
+
+
+def _row(i: int) -> dict:
+    return {"utt_id": f"u{i}", "speaker": f"s{i % 3}", "language": "en", "ref": "a b", "hyp": "a",
+            "word_errors": i % 2, "ref_words": 2, "char_errors": 0, "ref_chars": 3}
+
+
+def test_rank_0_puts_the_gathered_rows_back_in_the_evaluation_sets_order(monkeypatch):
+    # lanes decode their batches shortest first, so their rows arrive out of set order and
+    # interleaved; rank 0 sorts them by position in the set (a 1-rank vs 2-rank comparison alone
+    # cannot see a wrong order: both sides would carry it)
+    ev = ShardedEvaluation(None, _utts(10), LaneLayout(1, 1, 0), 4, 8, 0, 0)
+    mine = [(i, _row(i)) for i in (7, 2, 9)]
+    other = [(i, _row(i)) for i in (5, 0, 3, 1)]
+    monkeypatch.setattr(ev, "decode", lambda model, placement: mine)
+    summary, rows = ev.run(None, None, _GatherComm([None, other]))
+    assert [r["utt_id"] for r in rows] == [f"u{i}" for i in (0, 1, 2, 3, 5, 7, 9)]
+    assert summary["n_utterances"] == 7

@@ -1,5 +1,6 @@
 """`cluster-fl table`: statistics against hand computations on crafted run folders."""
 
+import csv
 import math
 
 import pytest
@@ -110,7 +111,17 @@ def test_table_formats_and_out_file(tmp_path, fmt, marker):
                  "--bootstrap", "50"]) == 0
     text = out.read_text()
     assert marker in text
-    assert "0.3000" in text or "0.3" in text.split("\n")[1]
+    # the one cell: mean 0.30 and sample std 0.0707 of the two seeds (a table that dropped a run
+    # would say 0.25 or 0.35, n=1)
+    if fmt == "latex":
+        assert r"& flat \\" in text
+        assert r"& unfrozen & 0.3000 $\pm$ 0.0707 [" in text and "(n=2)" in text
+    else:
+        rows = list(csv.DictReader(text.splitlines()))
+        assert len(rows) == 1 and rows[0]["method"] == "flat", rows
+        assert rows[0]["n_seeds"] == "2" and rows[0]["seeds"] == "0 1"
+        assert float(rows[0]["wer_mean"]) == pytest.approx(0.30)
+        assert float(rows[0]["wer_std"]) == pytest.approx(0.05 * 2 ** 0.5)
 
 
 def test_table_without_runs_is_a_user_error(tmp_path, capsys):

@@ -40,7 +40,25 @@ def test_the_reduced_demo_runs_end_to_end_and_prints_every_method(tmp_path):
     for m in ("round-0",) + METHODS:
         assert m in header, (m, out)
     assert header.split("|")[3].strip() == "round-0"  # the starting model comes first
-    assert "ε" in out or "epsilon" in out.lower()
+    # the privacy table: one row per run, each method's ε the one its run folder recorded, finite,
+    # positive and the same for every method (one noise multiplier, one cohort, one round count),
+    # at the configured δ; the starting model (no training) spent nothing
+    privacy = out[out.index("| arch | condition | method | ε | δ | guarantee"):].split("\n\n")[0]
+    eps = {line.split("|")[3].split()[0]: [x.strip() for x in line.split("|")[4:7]]
+           for line in privacy.splitlines()[2:]}
+    assert set(eps) == {"round-0", *METHODS}, privacy
+    assert eps["round-0"] == ["0.000", "1e-05", "none"], privacy
+    import pyarrow.parquet as pq
+    recorded = {}
+    for folder in (tmp_path / "results" / "demo").glob("*/final.parquet"):
+        method = next((m for m in METHODS if f"_{m}_" in folder.parent.name), None)
+        if method is not None:
+            recorded[method] = float(pq.read_table(folder).column("epsilon")[0].as_py())
+    assert set(recorded) == set(METHODS), recorded
+    for m in METHODS:
+        assert 0 < recorded[m] < float("inf"), recorded
+        assert eps[m] == [f"{recorded[m]:.3f}", "1e-05", "simulation"], (m, privacy)
+    assert len(set(recorded.values())) == 1, recorded
     assert proc.stderr.count(", 2 ranks)") == len(METHODS), proc.stderr[-3000:]
     # a line a reader can follow: each run's test WER after round 1 (eval.every)
     assert proc.stderr.count("round 1/2: test WER ") == len(METHODS), proc.stderr[-3000:]
@@ -54,7 +72,6 @@ def test_the_reduced_demo_runs_end_to_end_and_prints_every_method(tmp_path):
     for m in ("round-0",) + METHODS:
         assert any(f"_{m}_" in r for r in runs), (m, runs)
     # round 0 is scored on the same evaluation set as every method
-    import pyarrow.parquet as pq
     utterances = {r: sorted(pq.read_table(tmp_path / "results" / "demo" / r / "eval.parquet")
                             .column("utt_id").to_pylist()) for r in runs}
     assert len({tuple(u) for u in utterances.values()}) == 1 and utterances[runs[0]], utterances

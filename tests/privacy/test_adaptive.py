@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cluster_fl.privacy import (PrivacyLedger, ResearchNoise, make_policy, release_statistic)
+from cluster_fl.privacy import PrivacyLedger, ResearchNoise, make_policy
 from privacy_helpers import privacy, random_update, speech_groups
 
 ADAPTIVE = [("size-ema", "size"), ("uniform-ema", "size"), ("quantile", "size"),
@@ -48,7 +48,8 @@ def one_round(policy, clients, noise, round_):
     (tests/engine/test_adaptive_release.py)."""
     stats = [policy.statistic(policy.clip(u)) for u in clients]
     exact = torch.stack(stats).sum(0)
-    noised = release_statistic(policy, noise, exact, round=round_)
+    noised = exact + noise.gaussian(exact.shape, policy.statistic_noise_std, round=round_,
+                                    stream="stat", dtype=torch.float64)
     policy.update(noised, float(len(clients)))
     return exact, noised
 

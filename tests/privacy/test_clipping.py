@@ -77,10 +77,12 @@ def test_every_policy_bounds_joint_norm_for_any_input(data, which, clip_norm, ad
         assert t.shape == update[h].shape
         assert t.dtype in (torch.float32, torch.float64)
         assert bool(torch.isfinite(t).all())
-    assert update_norm(res.update) <= clip_norm * (1 + 1e-6)
+    # exact, no tolerance: a clipped unit is scaled to its threshold × (1 − MARGIN), so the
+    # float32 cast and the float64 norm cannot reach C (a 1e-6 slack hid a +MARGIN bug)
+    assert update_norm(res.update) <= clip_norm
     thr = policy.thresholds()
     for h, t in res.update.items():  # each group within its own threshold
-        assert float(t.double().norm()) <= thr[h] * (1 + 1e-6)
+        assert float(t.double().norm()) <= thr[h]
     nonfinite = not all(bool(torch.isfinite(t).all()) for t in update.values())
     assert res.nonfinite == nonfinite
     if nonfinite:
@@ -122,6 +124,7 @@ def test_flat_is_global_scaling():
     for h in upd:  # one common factor for every group
         assert torch.allclose(res.update[h].double(), upd[h].double() * factor, rtol=1e-5)
     assert update_norm(res.update) == pytest.approx(1.0, rel=1e-5)
+    assert update_norm(res.update) <= 1.0  # exactly: scaled to C·(1 − MARGIN), never above C
     assert res.pool_retained["all"] == pytest.approx(factor, rel=1e-5)
 
 
@@ -222,9 +225,29 @@ def test_scaling_one_client_by_1e6_moves_the_sum_by_at_most_its_threshold():
     loud = {h: t * 1e6 for h, t in clients[0].items()}
     with_loud = summed([loud] + clients[1:])
     diff = {h: with_loud[h] - without[h] for h in without}
-    assert update_norm(diff) <= 1.0 * (1 + 1e-6)  # add/remove sensitivity C
+    assert update_norm(diff) <= 1.0  # add/remove sensitivity C, exactly (see above)
     for h in diff:
-        assert float(diff[h].norm()) <= thr[h] * (1 + 1e-6)
+        assert float(diff[h].norm()) <= thr[h]
+
+
+@pytest.mark.parametrize("method", ["size", "uniform"])
+@pytest.mark.parametrize("over", [1.01, 1.5, 1.99])
+def test_a_unit_just_over_its_threshold_is_clipped_to_it_and_only_it(method, over):
+    # deterministic companion of the property test (whose random draws need not land between
+    # C_u and 2·C_u): one group at `over` × its threshold, the others at a tenth of theirs
+    groups = speech_groups()
+    policy = make_policy(privacy(clipping=method, clip_norm=1.0), groups)
+    thr = policy.thresholds()
+    loud = groups[-1].name
+    upd = {g.name: torch.full((g.numel,), (over if g.name == loud else 0.1) * thr[g.name]
+                              / math.sqrt(g.numel), dtype=torch.float32) for g in groups}
+    res = policy.clip(upd)
+    assert res.group_clipped == {g.name: g.name == loud for g in groups}
+    assert float(res.update[loud].double().norm()) == pytest.approx(thr[loud], rel=1e-5)
+    assert float(res.update[loud].double().norm()) <= thr[loud]
+    for g in groups:
+        if g.name != loud:
+            assert torch.equal(res.update[g.name], upd[g.name])
 
 
 def test_nonfinite_update_is_zeroed_and_counted():

@@ -31,13 +31,15 @@ def test_engine_noise_and_accountant_multiplier_are_one_number(mode):
     cfg = load_config(None, [f"privacy.diagnostics={mode}", "privacy.diagnostics_noise_multiplier=3.0",
                              "fl.clients_per_round=4"])
     charged = ledger_for(cfg, population=100).diagnostics_noise_multiplier
-    assert charged == release_multiplier(p)
     if mode == "noised":
-        assert charged == 3.0
-        assert diag.noise_std == pytest.approx(charged * diag.sensitivity)
-        assert diag.sensitivity == pytest.approx(math.sqrt(diag.size))
+        # the configured 3.0, charged by the accountant; the engine's std is 3.0 × √D with D the
+        # layout's length: 6 head entries + 3 per pool × 2 pools = 12
+        assert charged == 3.0 and release_multiplier(p) == 3.0
+        assert diag.size == 12 and diag.sensitivity == pytest.approx(math.sqrt(12))
+        assert diag.noise_std == pytest.approx(3.0 * math.sqrt(12))
     else:  # exact: nothing noised, nothing charged (the run is void instead)
-        assert charged is None and diag.noise_std == 0.0
+        assert charged is None and release_multiplier(p) is None and diag.noise_std == 0.0
+        assert ledger_for(cfg, population=100).void_reasons
 
 
 @pytest.mark.parametrize("loss, norm, retained", [(1e30, 1e30, 1.0), (-5.0, 0.0, -3.0),

@@ -1,0 +1,134 @@
+"""The planted bugs of ``tests/mutants/run.py``: each one an exact replacement (anchor found exactly
+once, or the run fails) in one file, with the tests that must catch it and why it matters.
+
+Anchors are short single lines where possible, so that unrelated edits of a file do not rot them;
+when a file is rewritten, fix the anchor here (the runner names the mutant whose anchor moved).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    file: str  # relative to the repository root
+    replace: tuple[tuple[str, str], ...]  # (anchor, replacement), each anchor exactly once
+    tests: tuple[str, ...]  # pytest node ids (files or ::tests) that must fail
+    why: str
+
+
+E = "tests/engine/"
+P = "tests/privacy/"
+D = "tests/distributed/"
+R = "tests/reliability/"
+X = "tests/experiments/"
+
+MUTANTS: list[Mutant] = [
+    Mutant("noise-sigma-not-sigma-C", "cluster_fl/engine/round.py",
+           (("stds[g.name] = p.noise_multiplier * p.clip_norm",
+             "stds[g.name] = p.noise_multiplier"),),
+           (E + "test_round_engine.py::test_released_noise_scales_with_the_clip_norm_at_c_one_half",),
+           "update noise std σ instead of σ·C: under-noised whenever C > 1"),
+    Mutant("noise-on-every-rank", "cluster_fl/engine/round.py",
+           (("if self.comm.rank == 0:  # the noise step", "if True:  # the noise step"),),
+           (E + "test_round_engine.py::"
+            "test_two_ranks_split_the_cohort_and_release_the_same_noise_as_one_process",),
+           "every rank adds the noise: W× the variance, and 1 vs N ranks differ"),
+    Mutant("realised-denominator", "cluster_fl/engine/round.py",
+           (("mean = {g.name: noised[g.name] / denom for g in self.groups}",
+             "mean = {g.name: noised[g.name] / max(len(members), 1) for g in self.groups}"),),
+           (E + "test_round_engine.py", E + "test_weighting.py"),
+           "divides by the realised cohort size, not the public q·N: the denominator leaks"),
+    Mutant("weight-uncapped", "cluster_fl/engine/round.py",
+           (("return min(n_samples, agg.weight_cap) / agg.weight_cap",
+             "return n_samples / agg.weight_cap"),),
+           (E + "test_weighting.py",),
+           "sample weighting without the cap: one client's weight (and sensitivity) unbounded"),
+    Mutant("ledger-two-rounds-per-round", "cluster_fl/engine/ledger.py",
+           (("        if self.secure or round_ > self.started:\n            self.ledger.step(self.policy)",
+             "        if self.secure or round_ > self.started:\n"
+             "            self.ledger.step(self.policy, rounds=2)"),),
+           (R + "test_ledger.py::"
+            "test_epsilon_in_privacy_json_and_rows_is_the_accountants_for_the_rounds_run",),
+           "each round charged twice: ε overstated (the run-vs-run tests carry it on both sides)"),
+    Mutant("ledger-recharge-on-resume", "cluster_fl/engine/ledger.py",
+           (("if self.secure or round_ > self.started:", "if self.secure or round_ >= self.started:"),),
+           (R + "test_ledger.py",),
+           "a research rerun charges the round it already charged: ε of a resumed run differs"),
+    Mutant("clip-margin-sign", "cluster_fl/privacy/clipping.py",
+           (("f = pool_thr[pool.name] / pn * (1.0 - MARGIN) if hit else 1.0",
+             "f = pool_thr[pool.name] / pn * (1.0 + MARGIN) if hit else 1.0"),),
+           (P + "test_clipping.py::test_flat_is_global_scaling",),
+           "a clipped flat pool lands just ABOVE its threshold: ‖clipped‖ ≤ C broken"),
+    Mutant("clip-unit-hit-at-2C", "cluster_fl/privacy/clipping.py",
+           (("hit = unit_norms[u] > unit_thr[u]", "hit = unit_norms[u] > 2 * unit_thr[u]"),),
+           (P + "test_clipping.py::test_a_unit_just_over_its_threshold_is_clipped_to_it_and_only_it",),
+           "a unit is clipped only above twice its threshold: the bound is 2·C_u"),
+    Mutant("alpha-split-swapped", "cluster_fl/privacy/clipping.py",
+           (('("encoder", lambda g: g.component == "encoder", cfg.alpha),',
+             '("encoder", lambda g: g.component == "encoder", 1.0 - cfg.alpha),'),
+            ('("decoder", lambda g: g.component != "encoder", 1.0 - cfg.alpha)]',
+             '("decoder", lambda g: g.component != "encoder", cfg.alpha)]')),
+           (P + "test_clipping.py",
+            E + "test_round_engine.py::test_one_client_scaled_by_1e6_moves_each_pool_by_at_most_its_share"),
+           "α-split gives the encoder 1−α and the decoder α"),
+    Mutant("pool-threshold-not-sqrt", "cluster_fl/privacy/clipping.py",
+           (("return {p.name: self.clip_norm * self._kappa * math.sqrt(p.share) for p in self._pools}",
+             "return {p.name: self.clip_norm * self._kappa * p.share for p in self._pools}"),),
+           (P + "test_clipping.py",),
+           "pool thresholds C·α instead of C·√α: Σ C_k² ≠ C²"),
+    Mutant("secure-sum-masks-added-twice", "cluster_fl/secure_sum.py",
+           (("np.subtract(part, mask, out=part)", "np.add(part, mask, out=part)"),),
+           (D + "test_secure_sum_units.py::test_research_masks_of_four_ranks_cancel_mod_2_64",
+            D + "test_secure_sum_ranks.py::test_secure_sum_equals_plain_fixed_point_sum_exactly"),
+           "both ends of a pair add the mask: the masks no longer cancel"),
+    Mutant("secure-sum-pair-key-order", "cluster_fl/secure_sum.py",
+           (("lo, hi = min(rank, peer), max(rank, peer)", "lo, hi = rank, peer"),),
+           (D + "test_secure_sum_units.py::test_research_masks_of_four_ranks_cancel_mod_2_64",),
+           "the two ends of a pair derive different masks: the sum is garbage"),
+    Mutant("adaptive-ema-not-resumed", "cluster_fl/privacy/adaptive.py",
+           (('self.ema = None if state["ema"] is None else [float(x) for x in state["ema"]]',
+             "self.ema = None"),),
+           (P + "test_adaptive.py", E + "test_resume.py"),
+           "a resumed run forgets the EMA of the adaptive weights: not the uninterrupted run"),
+    Mutant("batched-divisor-block-max", "cluster_fl/engine/batched.py",
+           (("weight = torch.tensor([1.0 / n_tok[j] if r else 0.0 for j, r in zip(owners, real)])",
+             "weight = torch.tensor([1.0 / max(n_tok.values()) if r else 0.0 "
+             "for j, r in zip(owners, real)])"),),
+           (E + "test_batched.py::test_each_client_in_a_block_gets_its_one_client_update",),
+           "a client's loss in a block divided by the block's largest token count, not its own"),
+    Mutant("eval-gather-order", "cluster_fl/engine/evaluation.py",
+           (("key=lambda pair: pair[0])]", "key=lambda pair: -pair[0])]"),),
+           (E + "test_evaluation.py::test_rank_0_puts_the_gathered_rows_back_in_the_evaluation_sets_order",),
+           "evaluation rows gathered from the ranks come back in reverse set order"),
+    Mutant("preempted-not-requeued", "cluster_fl/experiments/grid.py",
+           (('if type(exc).__name__ == "Preempted":', 'if type(exc).__name__ == "Preempted!":'),),
+           (X + "test_grid.py::"
+            "test_a_run_preempted_on_the_local_cluster_is_requeued_and_resumes_from_its_folder",),
+           "a preempted grid task is recorded as failed instead of requeued"),
+    Mutant("stale-heartbeat-is-running", "cluster_fl/experiments/status.py",
+           (('if state == "running" and alive is None and _age_s(status) < stale_s:',
+             'if state == "running" and alive is None and _age_s(status) >= stale_s:'),),
+           (X + "test_slurm.py::test_a_running_folder_whose_job_cannot_be_asked_is_judged_by_its_heartbeat",),
+           "requeue/resubmit decision: a stale run is judged running and never resubmitted"),
+    Mutant("diagnostics-noise-not-scaled", "cluster_fl/privacy/diagnostics.py",
+           (("self.noise_std = multiplier * self.sensitivity if multiplier is not None else 0.0",
+             "self.noise_std = multiplier if multiplier is not None else 0.0"),),
+           (P + "test_diagnostics.py",),
+           "diagnostics noise std z instead of z·√D: under-noised by √D"),
+    Mutant("ledger-sampling-rate-halved", "cluster_fl/privacy/accounting.py",
+           (("sampling_rate=m / population,", "sampling_rate=m / population / 2,"),),
+           (R + "test_ledger.py::"
+            "test_epsilon_in_privacy_json_and_rows_is_the_accountants_for_the_rounds_run",),
+           "the ledger charges q/2: ε understated (amplification by sampling overclaimed)"),
+    Mutant("cohort-same-every-round", "cluster_fl/engine/cohort.py",
+           (('g = generator(seed, "cohort", round_)', 'g = generator(seed, "cohort", 0)'),),
+           (E + "test_cohort.py",),
+           "the same cohort every round: the accountant's fresh sampling does not happen"),
+    Mutant("poisson-rate-halved", "cluster_fl/engine/cohort.py",
+           (("dtype=torch.float64) < q", "dtype=torch.float64) < q / 2"),),
+           (E + "test_cohort.py",),
+           "clients included at q/2 while the ledger and the denominator assume q"),
+]
