@@ -9,12 +9,13 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence
 
 import torch
+from torch import nn
 
-from cluster_fl.dist import Comm
 from cluster_fl.config import Config, to_dict
+from cluster_fl.dist import Comm
 from cluster_fl.dist.parallelize import LaneLayout, Placement, parallelize, resolve_device
 from cluster_fl.engine.client import ClientRunner
 from cluster_fl.engine.cohort import sampling_rate
@@ -25,7 +26,9 @@ from cluster_fl.engine.round import ClientData, RoundEngine
 from cluster_fl.engine.rundir import run_dir, run_id
 from cluster_fl.engine.server import ServerOptimizer
 from cluster_fl.errors import UserError
+from cluster_fl.groups import GroupSpec
 from cluster_fl.models.registry import feature_shape, resolve_shapes
+from cluster_fl.privacy.clipping import ClipPolicy
 from cluster_fl.seeding import derive_seed
 
 
@@ -84,16 +87,31 @@ def make_batches(examples: Sequence[Any], batch_size: int, g: torch.Generator) -
                "texts": b["transcripts"], "languages": b["languages"]}
 
 
+class Stateful(Protocol):
+    """A component whose state a checkpoint carries."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+# the stateful components of a run, by their key in the checkpoint; a checkpoint restores the
+# first two, while the ledger resumes from its write-ahead record (privacy.json), which
+# RunLedger.resume checks against the ledger state the checkpoint carries
+CHECKPOINTED = ("server", "policy", "ledger")
+RESTORED = ("server", "policy")
+
+
 @dataclass
 class World:
     """Everything built for a run on this rank."""
 
     cfg: Config
-    model: Any
-    groups: list
-    initial_state: dict
-    policy: Any
-    ledger: Any
+    model: nn.Module
+    groups: list[GroupSpec]
+    initial_state: dict[str, torch.Tensor]
+    policy: ClipPolicy | None  # None for a non-private run
+    ledger: RunLedger
     server: ServerOptimizer
     engine: RoundEngine
     evaluation: ShardedEvaluation
@@ -101,12 +119,17 @@ class World:
     placement: Placement
     comm: Comm
 
-    def policy_state(self) -> dict:
-        return self.policy.state_dict() if self.policy is not None else {}
+    def state_dicts(self) -> dict[str, dict[str, Any]]:
+        """Every stateful component's state, by its checkpoint key (no policy: {})."""
+        parts: dict[str, Stateful | None] = {k: getattr(self, k) for k in CHECKPOINTED}
+        return {k: (obj.state_dict() if obj is not None else {}) for k, obj in parts.items()}
 
-    def policy_load(self, state: dict) -> None:
-        if self.policy is not None:
-            self.policy.load_state_dict(state)
+    def load_state_dicts(self, checkpoint: Mapping[str, Any]) -> None:
+        """Restore what a checkpoint restores (:data:`RESTORED`), one loop for all."""
+        for key in RESTORED:
+            obj: Stateful | None = getattr(self, key)
+            if obj is not None:
+                obj.load_state_dict(checkpoint[key])
 
     def groups_json(self) -> list[dict]:
         if self.policy is not None:

@@ -25,6 +25,7 @@ the released lines without times.
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 import errno
 import json
 import secrets
@@ -256,95 +257,129 @@ def _record_end(folder: Path, cfg: Config, exc: BaseException, stopped: bool,
         pass
 
 
+@dataclass
+class _Attempt:
+    """This rank's attempt at a run: the built world, the round it starts from, the state and
+    the released rows so far, and the operator's side (exact facts, outside the folder)."""
+
+    world: Any  # cluster_fl.engine.setup.World (imported with the run)
+    state: dict
+    rows: list[dict]
+    start_round: int
+    oplog: OperatorLog
+    skipped: Any  # cluster_fl.engine.metrics.SkippedRows
+    t_start: float
+    quiet: int = 0  # rounds in which none of rank 0's lane's clients contributed (operator only)
+
+
 def _train(cfg: Config, comm: Comm, folder: Path, log: Log, stop: StopFlag,
            progress: dict, record: Config) -> Path:
+    run = _resume(cfg, comm, folder, log, progress)
+    stop.set_immediate(False)  # from here a signal stops at the end of the round
+    for r in range(run.start_round, cfg.fl.rounds + 1):
+        _round(run, r, cfg, comm, folder, log, stop, progress)
+    _finish(run, cfg, comm, folder, log, stop, record)
+    return folder
+
+
+def _resume(cfg: Config, comm: Comm, folder: Path, log: Log, progress: dict) -> _Attempt:
+    """Build the world and take over what earlier attempts left: what a resume trusts is
+    verified before anything is built -- the checkpoint (run id, round, zip CRC, state digest),
+    then, once the world is built, the write-ahead ledger."""
     from cluster_fl.engine import setup, startup
-    from cluster_fl.engine.metrics import SkippedRows, progress_line, write_rows
+    from cluster_fl.engine.metrics import SkippedRows
 
     main = comm.rank == 0
     oplog = OperatorLog(folder, main)  # exact facts: outside the run folder, unprotected
-    # what a resume trusts is verified before anything is built: the checkpoint (run id, round,
-    # zip CRC, state digest), then -- once the world is built -- the write-ahead ledger
     ckpt = load_run_checkpoint(folder, rounds=cfg.fl.rounds)
     setup.set_threads(cfg, comm)
     t_start = time.perf_counter()
     world = setup.build_world(cfg, comm, log)
     skipped = SkippedRows(folder, world.evaluation.store.errors, _owners(world.engine.clients),
                           main, lambda msg: oplog("skipped", message=msg))
-    state = world.initial_state
-    rows: list[dict] = []
-    start_round = 1
+    run = _Attempt(world, world.initial_state, [], 1, oplog, skipped, t_start)
     world.ledger.attach(folder, main)
     world.ledger.resume(ckpt)
     if ckpt is not None:  # checkpoints hold host tensors; the state lives on the model's device
-        state = {k: v.to(world.placement.device) for k, v in ckpt["state"].items()}
-        world.server.load_state_dict(ckpt["server"])
-        world.policy_load(ckpt["policy"])
-        rows = [r for r in ckpt["rows"] if r["round"] <= ckpt["round"]]
-        start_round = ckpt["round"] + 1
+        run.state = {k: v.to(world.placement.device) for k, v in ckpt["state"].items()}
+        world.load_state_dicts(ckpt)
+        run.rows = [r for r in ckpt["rows"] if r["round"] <= ckpt["round"]]
+        run.start_round = ckpt["round"] + 1
         progress["checkpoint_round"] = ckpt["round"]
         log(f"resumed from round {ckpt['round']}")
-    if world.ledger.started >= start_round:
-        oplog("resume", checkpoint_round=start_round - 1, rounds_started=world.ledger.started,
+    if world.ledger.started >= run.start_round:
+        oplog("resume", checkpoint_round=run.start_round - 1, rounds_started=world.ledger.started,
               charged=world.ledger.rounds, secure=world.ledger.secure)
-    startup.check_start(comm, folder, start_round - 1)  # loading over everywhere, folder shared
-    rounds = cfg.fl.rounds
+    startup.check_start(comm, folder, run.start_round - 1)  # loading over everywhere, folder shared
     if main:
-        write_status(folder, "running", start_round - 1, rounds)
+        write_status(folder, "running", run.start_round - 1, cfg.fl.rounds)
         write_json(folder / "groups.json", world.groups_json())
     skipped.collect(comm)
-    stop.set_immediate(False)  # from here a signal stops at the end of the round
-    quiet = 0  # rounds in which none of rank 0's lane's clients contributed (operator only)
-    for r in range(start_round, rounds + 1):
-        world.ledger.charge(r)  # durable BEFORE the round's noise is drawn (write-ahead)
-        out = world.engine.run_round(r, state)
-        state = out.state
-        out.row["epsilon"] = world.ledger.epsilon()
-        if cfg.eval.every and r % cfg.eval.every == 0 and r < rounds:
-            summary, _ = world.evaluate(state)  # every rank decodes its slice
-            if summary is not None:
-                out.row.update({k: v for k, v in summary.items() if k.startswith("wer")})
-                from cluster_fl.engine.evaluation import evaluation_line
-                log(evaluation_line(r, rounds, summary))  # readable where diagnostics are not
-        rows.append(out.row)
-        log(progress_line(r, rounds, out.row))
-        oplog("round", round=r, **out.operator)
-        facts = out.operator
-        if facts.get("trained", 0) - facts.get("nonfinite", 0) < 1:
-            quiet += 1
-            where = "" if facts.get("lanes", 1) == 1 else " on rank 0's lane"
-            oplog.warn(f"round {r}: no client contributed{where} (cohort {facts.get('cohort')}, "
+    return run
+
+
+def _round(run: _Attempt, r: int, cfg: Config, comm: Comm, folder: Path, log: Log,
+           stop: StopFlag, progress: dict) -> None:
+    """Round ``r``: charge, train, release its row, checkpoint; a stop signal ends the run here
+    (:class:`Preempted`) once every rank has the round."""
+    from cluster_fl.engine.evaluation import evaluation_line
+    from cluster_fl.engine.metrics import progress_line, write_rows
+
+    world, main, rounds = run.world, comm.rank == 0, cfg.fl.rounds
+    world.ledger.charge(r)  # durable BEFORE the round's noise is drawn (write-ahead)
+    out = world.engine.run_round(r, run.state)
+    run.state = out.state
+    out.row["epsilon"] = world.ledger.epsilon()
+    if cfg.eval.every and r % cfg.eval.every == 0 and r < rounds:
+        summary, _ = world.evaluate(run.state)  # every rank decodes its slice
+        if summary is not None:
+            out.row.update({k: v for k, v in summary.items() if k.startswith("wer")})
+            log(evaluation_line(r, rounds, summary))  # readable where diagnostics are not
+    run.rows.append(out.row)
+    log(progress_line(r, rounds, out.row))
+    run.oplog("round", round=r, **out.operator)
+    facts = out.operator
+    if facts.get("trained", 0) - facts.get("nonfinite", 0) < 1:
+        run.quiet += 1
+        where = "" if facts.get("lanes", 1) == 1 else " on rank 0's lane"
+        run.oplog.warn(f"round {r}: no client contributed{where} (cohort {facts.get('cohort')}, "
                        f"{facts.get('nonfinite')} non-finite, {facts.get('skipped')} without "
                        "usable audio); the update was noise only")
-        skipped.collect(comm)
-        stop_now = _agree(comm, stop.set)
+    run.skipped.collect(comm)
+    stop_now = _agree(comm, stop.set)
+    if main:
+        write_rows(folder / "rounds.parquet", run.rows)
+        if r % cfg.run.checkpoint_every == 0 or r == rounds or stop_now:
+            save_run_checkpoint(folder, {"round": r,
+                                         "state": {k: v.cpu() for k, v in run.state.items()},
+                                         **world.state_dicts(), "rows": run.rows})
+            progress["checkpoint_round"] = r
+        write_status(folder, "running", r, rounds)
+    comm.barrier(slow=True)  # waits for rank 0's checkpoint write
+    if stop_now and r < rounds:
         if main:
-            write_rows(folder / "rounds.parquet", rows)
-            if r % cfg.run.checkpoint_every == 0 or r == rounds or stop_now:
-                save_run_checkpoint(folder, {
-                    "round": r, "state": {k: v.cpu() for k, v in state.items()},
-                    "server": world.server.state_dict(),
-                    "policy": world.policy_state(), "ledger": world.ledger.state_dict(),
-                    "rows": rows})
-                progress["checkpoint_round"] = r
-            write_status(folder, "running", r, rounds)
-        comm.barrier(slow=True)  # waits for rank 0's checkpoint write
-        if stop_now and r < rounds:
-            if main:
-                write_status(folder, "preempted", r, rounds)
-            log(f"stopped by signal after round {r}; checkpoint saved, resubmit to resume")
-            raise Preempted(folder)
-    _check_contributions(rows, quiet, rounds - start_round + 1, oplog,
+            write_status(folder, "preempted", r, rounds)
+        log(f"stopped by signal after round {r}; checkpoint saved, resubmit to resume")
+        raise Preempted(folder)
+
+
+def _finish(run: _Attempt, cfg: Config, comm: Comm, folder: Path, log: Log, stop: StopFlag,
+            record: Config) -> None:
+    """The final evaluation and the run's last writes (rank 0), then every rank waits."""
+    from cluster_fl.engine.metrics import write_rows
+
+    world, main, rounds = run.world, comm.rank == 0, cfg.fl.rounds
+    _check_contributions(run.rows, run.quiet, rounds - run.start_round + 1, run.oplog,
                          world.engine.layout.lanes)
     stop.set_immediate(True)  # the final evaluation: a signal stops it at once
-    summary, eval_rows = world.evaluate(state)  # sharded over lanes; rank 0 gets the rows
+    summary, eval_rows = world.evaluate(run.state)  # sharded over lanes; rank 0 gets the rows
     stop.set_immediate(False)  # the last writes take a moment: let them finish
-    skipped.collect(comm)
+    run.skipped.collect(comm)
     if main:
         write_rows(folder / "eval.parquet", eval_rows)
         world.ledger.write()  # the final record (the write-ahead one, complete)
-        final = world.final_row(summary, time.perf_counter() - t_start, git_commit())
-        oplog("done", wall_s=final.pop("wall_s", None), skipped_utterances=skipped.total)
+        final = world.final_row(summary, time.perf_counter() - run.t_start, git_commit())
+        run.oplog("done", wall_s=final.pop("wall_s", None), skipped_utterances=run.skipped.total)
         if record.privacy.secure_mode:  # the drawn seed is no part of the record
             final.update(seed=None, config_json=json.dumps(to_dict(record), sort_keys=True))
         write_rows(folder / "final.parquet", [final])
@@ -352,7 +387,6 @@ def _train(cfg: Config, comm: Comm, folder: Path, log: Log, stop: StopFlag,
         log(f"done: WER {final.get('wer', float('nan')):.4f}, epsilon {final['epsilon']:.3g} "
             f"[{world.ledger.to_json()['guarantee']}] -> {folder}")
     comm.barrier(slow=True)  # waits for rank 0's scoring and writes
-    return folder
 
 
 def _check_contributions(rows: list[dict], quiet: int, ran: int, oplog: OperatorLog,
