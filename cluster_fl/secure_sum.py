@@ -247,7 +247,7 @@ class SecureSummer:
             elif all(t.dtype == parts[0].dtype for t in parts):
                 enc = _scale(torch.stack(parts), f.frac_bits).to(torch.int64).sum(0)
             else:
-                enc = sum(_scale(t, f.frac_bits).to(torch.int64) for t in parts)
+                enc = torch.stack([_scale(t, f.frac_bits).to(torch.int64) for t in parts]).sum(0)
             self._acc[f.offset:f.offset + f.numel] += enc
             self._acc[self.numel + self._index[name]] += len(parts)
 
@@ -339,6 +339,12 @@ class SecureSummer:
         return {j: hashlib.blake2b(k, digest_size=8).hexdigest()
                 for j, k in (self._pair_keys or {}).items()}
 
+    def _secure_key(self, peer: int) -> bytes:
+        """The pair key agreed with ``peer`` (secure mode; agreed at the first reduce)."""
+        if self._pair_keys is None:
+            raise RuntimeError("secure-mode pair keys are agreed at the first reduce")
+        return self._pair_keys[peer]
+
     def _apply_masks(self, buf: torch.Tensor, rank: int, world: int, round: int,
                      stream: int) -> None:
         view = buf.numpy().view(np.uint64)  # shares memory; uint64 wraps mod 2^64
@@ -348,7 +354,7 @@ class SecureSummer:
             lo, hi = min(rank, peer), max(rank, peer)
             chunks = (_philox_chunks(self.seed, lo, hi, round, stream, view.size)
                       if self.mode == "research" else
-                      _chacha_chunks(self._pair_keys[peer], round, stream, view.size))
+                      _chacha_chunks(self._secure_key(peer), round, stream, view.size))
             for start, mask in chunks:
                 part = view[start:start + mask.size]
                 if rank < peer:

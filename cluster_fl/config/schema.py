@@ -575,6 +575,16 @@ class Config:
                "privacy.secure_mode needs the masked secure sum (aggregation.secure_sum: true); "
                "without it every rank's partial sum crosses the wire in the clear")
 
+    @property
+    def seed(self) -> int:
+        """The run's root seed, for code that runs the experiment: a secure-mode config has
+        none until the engine draws one at start (its working config), and asking before that
+        is a bug, not a seed of 0."""
+        if self.run.seed is None:
+            raise ValueError("run.seed is drawn at start in secure mode: build the run from the "
+                             "engine's working config")
+        return self.run.seed
+
 
 SECTIONS: dict[str, type] = {
     "model": ModelConfig, "data": DataConfig, "fl": FLConfig, "client": ClientConfig,

@@ -41,7 +41,7 @@ def _import_deepspeed(device: torch.device) -> Any:
     return deepspeed
 
 
-def _partition_skeleton(model: nn.Module, group: Any, device: torch.device, config: dict,
+def _partition_skeleton(model: Any, group: Any, device: torch.device, config: dict,
                         deepspeed: Any) -> None:
     """A meta skeleton, partitioned one module at a time: the lane's first member reads the
     module's tensors from the checkpoint (``model.weights``), ``zero.Init`` broadcasts them over
@@ -89,10 +89,10 @@ def apply_zero3(model: nn.Module, group: Any, device: torch.device) -> Any:
     for p in keep:
         # persistent: never partitioned again once gathered; "external": ZeRO's first-step
         # (trace-building) release path ignores ds_persist but skips external parameters
-        p.ds_persist = True
-        p.is_external_param = True
+        p.ds_persist = True  # type: ignore[attr-defined]  # DeepSpeed's own attributes
+        p.is_external_param = True  # type: ignore[attr-defined]
     hooks = DeepSpeedZeRoOffload(model, timers=NoopTimer(), ds_config=DeepSpeedConfig(config),
                                  param_persistence_threshold=0, dp_process_group=group)
     for p in keep:
-        p.all_gather()
+        p.all_gather()  # type: ignore[attr-defined]  # added by deepspeed.zero.Init
     return hooks

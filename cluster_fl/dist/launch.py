@@ -12,7 +12,7 @@ import math
 import os
 import re
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Any, Mapping
 
 @dataclass(frozen=True)
 class LaunchEnv:
@@ -220,7 +220,7 @@ def launch_rank(env: Mapping[str, str] | None = None) -> int:
     return 0 if launch is None else launch.rank
 
 
-def submitit_torch_env(job_env: object) -> dict[str, str]:
+def submitit_torch_env(job_env: Any) -> dict[str, str]:
     """The variables torchrun would set, for a multi-task submitit job (``submitit.JobEnvironment``):
     rank layout from the job, the first host as master and a port derived from the job id (two
     arrays sharing a node do not collide; the same rule as :func:`slurm_port`)."""

@@ -44,6 +44,12 @@ from cluster_fl.precision import DTYPES, resolve_compile, resolve_dtype
 
 
 
+# The model the process boundary applies itself to: a cluster_fl.models SpeechLLM, duck-typed
+# (``prepare``, ``row_loss_sums``, ``loss``, a skeleton's ``weights``) because dist/ sits below
+# models/ and cannot import it.
+SpeechModel = Any
+
+
 def resolve_device(spec: str, local_rank: int = 0, local_world_size: int = 1) -> torch.device:
     """``run.device`` -> this rank's device. ``cuda`` without a CUDA device is an error (never a
     silent CPU run); the index follows how the launcher handed out GPUs
@@ -122,12 +128,12 @@ class Placement:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.dtype)
 
-    def row_losses(self, model: nn.Module, step: Any) -> torch.Tensor:
+    def row_losses(self, model: SpeechModel, step: Any) -> torch.Tensor:
         """Per-row transcript-loss sums of a prepared step (``model.prepare``), under autocast."""
         with self.compute():
             return model.row_loss_sums(step)
 
-    def backward(self, model: nn.Module, batch: Mapping[str, Any],
+    def backward(self, model: SpeechModel, batch: Mapping[str, Any],
                  params: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """Forward + backward of the mean transcript-token loss of ``batch``; returns the loss
         (a detached 0-d tensor on the device: reading it is left to the caller, once).
@@ -165,7 +171,7 @@ def _member_slice(batch: Mapping[str, Any], member: int, size: int) -> tuple[dic
     real = bool(rows)
     rows = rows or [0]
     index = torch.tensor(rows, dtype=torch.long)
-    out = {}
+    out: dict[str, Any] = {}
     for key, value in batch.items():
         if torch.is_tensor(value) and value.dim() > 0 and value.shape[0] == n:
             out[key] = value.index_select(0, index)
@@ -251,7 +257,7 @@ def apply_fsdp2(model: nn.Module, mesh: Any, device: torch.device) -> None:
         # layer (bench/lane_memory.py). A unit that "prefetches" itself -- already gathered --
         # turns the default off.
         for layer in layers:
-            layer.set_modules_to_backward_prefetch([layer])
+            layer.set_modules_to_backward_prefetch([layer])  # type: ignore[operator]  # FSDPModule
     if any(p.is_meta for p in model.parameters()):
         load_shards(model, device)
     for method in ("loss", "audio_embeddings"):
@@ -262,7 +268,7 @@ def apply_fsdp2(model: nn.Module, mesh: Any, device: torch.device) -> None:
                             r"a view tensor")
 
 
-def load_shards(model: nn.Module, device: torch.device) -> None:
+def load_shards(model: SpeechModel, device: torch.device) -> None:
     """Materialise a meta skeleton sharded by FSDP2: allocate this rank's shards on ``device``
     and read into each only its rows of the checkpoint tensor (``model.weights``), so the
     rank's host memory holds its shard and one read buffer, never the whole base. The trainable
@@ -300,7 +306,7 @@ def lane_mesh(layout: LaneLayout, device: torch.device) -> Any:
     return mesh["shard"]
 
 
-def parallelize(model: nn.Module, model_cfg: Any, device: torch.device,
+def parallelize(model: SpeechModel, model_cfg: Any, device: torch.device,
                 layout: LaneLayout | None = None) -> Placement:
     """Apply dtype, device, activation checkpointing, sharding and compilation to ``model`` (in
     place, in that order) and return its :class:`Placement`. ``model_cfg`` is a ``ModelConfig``."""

@@ -206,7 +206,8 @@ def train_block(runner: Any, block: Sequence[tuple[int, Sequence[object]]],
 
 def _clip_per_client(stacks: Sequence[torch.Tensor], max_norm: float) -> None:
     """torch.nn.utils.clip_grad_norm_ applied to each client's slice of the stacked gradients."""
-    norms = torch.stack([t.grad.flatten(1).norm(dim=1) for t in stacks]).norm(dim=0)
+    grads = [t.grad for t in stacks if t.grad is not None]
+    norms = torch.stack([g.flatten(1).norm(dim=1) for g in grads]).norm(dim=0)
     coef = (max_norm / (norms + 1e-6)).clamp(max=1.0)
-    for t in stacks:
-        t.grad.mul_(coef.view((-1,) + (1,) * (t.dim() - 1)))
+    for g in grads:
+        g.mul_(coef.view((-1,) + (1,) * (g.dim() - 1)))

@@ -37,9 +37,9 @@ from cluster_fl.engine.recorder import ChannelRecorder
 from cluster_fl.engine.rundir import run_id
 from cluster_fl.engine.server import ServerOptimizer
 from cluster_fl.groups import GroupSpec
-from cluster_fl.privacy.clipping import ClipPolicy
+from cluster_fl.privacy.clipping import ClipPolicy, ClipResult
 from cluster_fl.privacy.csprng import new_key, sample_cohort_secure
-from cluster_fl.privacy.diagnostics import Diagnostics
+from cluster_fl.privacy.diagnostics import Diagnostics, Measured
 from cluster_fl.privacy.noise import TAIL_STDS, NoiseSource
 from cluster_fl.secure_sum import SecureSummer, mask_mode
 
@@ -99,7 +99,7 @@ class RoundEngine:
         self.noise = noise
         self.private = cfg.privacy.mechanism == "gaussian"
         if self.private:  # the encoded update, not only the float one, must have norm <= C
-            policy.reserve_encoding(cfg.aggregation.fixed_point_bits)
+            self.clip_policy.reserve_encoding(cfg.aggregation.fixed_point_bits)
         self.diag = Diagnostics(self.groups, policy, cfg.privacy)
         # research noise streams are scoped by the run's identity (its config, seed included)
         self.noise_scope = run_id(cfg)
@@ -111,10 +111,20 @@ class RoundEngine:
         self.recorder = recorder
         self.trimmer = HeapTrimmer()  # trims the heap only when the resident set has grown
 
+    @property
+    def clip_policy(self) -> ClipPolicy:
+        """The clipping policy of a private run (which always has one)."""
+        if self.policy is None:
+            raise RuntimeError("a non-private run has no clipping policy")
+        return self.policy
+
     def _shared_key(self) -> bytes:
         """A 256-bit key from rank 0's OS CSPRNG, handed to every rank (collective)."""
         key = new_key() if self.comm.rank == 0 else None
-        return self.comm.broadcast_object(key) if self.comm.world_size > 1 else key
+        shared = self.comm.broadcast_object(key) if self.comm.world_size > 1 else key
+        if not isinstance(shared, bytes):
+            raise RuntimeError("the cohort key did not reach this rank")
+        return shared
 
     def _make_summer(self) -> SecureSummer:
         """One buffer for the update groups, the adaptive statistic, diagnostics and weights;
@@ -123,7 +133,7 @@ class RoundEngine:
         c = cfg.privacy.clip_norm if self.private else NONPRIVATE_BOUND
         shapes: dict[str, Any] = {g.name: (g.shape or (g.numel,)) for g in self.groups}
         bounds: dict[str, float] = {g.name: c for g in self.groups}
-        stat = self.policy.statistic_size if self.private else 0
+        stat = self.clip_policy.statistic_size if self.private else 0
         if stat:
             shapes["stat"], bounds["stat"] = stat, self._stat_bound()
         if self.diag.size:  # ``off`` sums nothing: no statistic of the clients leaves the round
@@ -134,14 +144,14 @@ class RoundEngine:
         mode = mask_mode(cfg.aggregation.secure_sum, cfg.privacy.secure_mode)
         return SecureSummer(shapes, frac_bits=cfg.aggregation.fixed_point_bits,
                             max_clients=max(1, len(self.clients)), bounds=bounds, mode=mode,
-                            seed=cfg.run.seed, device=self.device,
+                            seed=cfg.seed, device=self.device,
                             offset_bounds={n: TAIL_STDS * sd for n, sd in stds.items() if sd > 0})
 
     def _stat_bound(self) -> float:
         """Largest |entry| of one client's adaptive statistic in the fixed-point sum. The
         non-private variant (``adaptive_private: false``) has no bound (sensitivity inf): its raw
         norms are clamped to ``NONPRIVATE_BOUND`` so the sum stays representable."""
-        sens = float(self.policy.statistic_sensitivity)
+        sens = float(self.clip_policy.statistic_sensitivity)
         return sens if math.isfinite(sens) else NONPRIVATE_BOUND
 
     @property
@@ -157,7 +167,7 @@ class RoundEngine:
             members = sample_cohort_secure(self._cohort_key, round_, self.population,
                                            fl.clients_per_round, fl.sampling)
         else:
-            members = cohort_mod.sample_cohort(self.cfg.run.seed, round_, self.population,
+            members = cohort_mod.sample_cohort(self.cfg.seed, round_, self.population,
                                                fl.clients_per_round, fl.sampling)
         sizes = [c.size for c in self.clients]
         blocks = cohort_mod.blocks(members, sizes, fl.clients_per_step, self.layout.lanes)
@@ -172,11 +182,11 @@ class RoundEngine:
     def run_round(self, round_: int, state: Mapping[str, torch.Tensor]) -> RoundOutput:
         t0 = time.perf_counter()
         members, mine = self.cohort(round_)
-        thresholds = self.policy.thresholds() if self.private else {}
+        thresholds = self.clip_policy.thresholds() if self.private else {}
         if self.private:  # the run-folder format has threshold/<pool> next to threshold/<group>
-            thresholds.update(self.policy.pool_thresholds())
+            thresholds.update(self.clip_policy.pool_thresholds())
         summer = self.summer
-        stat_size = self.policy.statistic_size if self.private else 0
+        stat_size = self.clip_policy.statistic_size if self.private else 0
         self._local = {"trained": 0, "nonfinite": 0, "skipped": 0}
         # a lane's members train each client together; its leader speaks for the lane
         contribute = summer.add_many if self.layout.leader else (lambda contributions: None)
@@ -197,7 +207,7 @@ class RoundEngine:
             self._add_noise(round_, summer)
         record = self.recorder is not None
         noised = summer.reduce(self.comm, round_, record=record)
-        if record:
+        if self.recorder is not None:
             self.recorder.partial(round_, self.comm.rank, summer)
 
         denom = cohort_mod.denominator(self.cfg.fl.clients_per_round, self.population,
@@ -207,7 +217,7 @@ class RoundEngine:
         mean = {g.name: noised[g.name] / denom for g in self.groups}
         new_state = self.server.step(state, mean)
         if stat_size:
-            self.policy.update(noised["stat"], denom)
+            self.clip_policy.update(noised["stat"], denom)
         if self.recorder is not None:
             std = self.cfg.privacy.noise_multiplier * self.cfg.privacy.clip_norm if self.private else 0.0
             self.recorder.release(round_, mean, denom, std)
@@ -220,17 +230,18 @@ class RoundEngine:
     def _contribute(self, round_: int, upds: Sequence[ClientUpdate], contribute) -> None:
         """Clip a block's updates (DP) and add them, their statistics and diagnostics to the
         sum: the block's norms are read back once, its contributions encoded together."""
-        results = (self.policy.clip_many([u.delta for u in upds]) if self.private
-                   else [self.diag.measure(u.delta, NONPRIVATE_BOUND) for u in upds])
+        results: Sequence[ClipResult | Measured] = (
+            self.clip_policy.clip_many([u.delta for u in upds]) if self.private
+            else [self.diag.measure(u.delta, NONPRIVATE_BOUND) for u in upds])
         contributions = []
         for upd, res in zip(upds, results):
             self._local["trained"] += 1
             self._local["nonfinite"] += int(bool(res.nonfinite))
             w = 0.0 if res.nonfinite else self._weight(upd.n_samples)
             values = {k: (v * w if w != 1.0 else v) for k, v in res.update.items()}
-            if self.private and self.policy.statistic_size:
+            if isinstance(res, ClipResult) and self.clip_policy.statistic_size:  # DP runs
                 b = self._stat_bound()
-                values["stat"] = self.policy.statistic(res).to(torch.float64).clamp(-b, b)
+                values["stat"] = self.clip_policy.statistic(res).to(torch.float64).clamp(-b, b)
             if self.diag.size:
                 values["diag"] = self.diag.client_vector(res, upd.loss)
             if not self.private:
@@ -248,7 +259,7 @@ class RoundEngine:
             for g in self.groups:
                 stds[g.name] = p.noise_multiplier * p.clip_norm
             if "stat" in fields:
-                stds["stat"] = self.policy.statistic_noise_std
+                stds["stat"] = self.clip_policy.statistic_noise_std
         if "diag" in fields:
             stds["diag"] = self.diag.noise_std
         return stds

@@ -151,7 +151,7 @@ class World:
         row = {"run_id": run_id(cfg), "experiment": cfg.run.experiment, "arch": cfg.model.arch,
                "freeze_encoder": cfg.model.freeze_encoder,
                "method": "none" if p.mechanism == "none" else p.clipping,
-               "alpha": p.alpha, "seed": cfg.run.seed,
+               "alpha": p.alpha, "seed": cfg.seed,
                "noise_multiplier": p.noise_multiplier if p.mechanism != "none" else 0.0,
                "clip_norm": p.clip_norm, "epsilon": self.ledger.epsilon(), "delta": p.delta,
                "guarantee": self.ledger.to_json().get("guarantee"),
@@ -239,10 +239,10 @@ def build_world(cfg: Config, comm: Comm, log: Callable[[str], None]) -> World:
     # train.py logs them by id and counts them per client in the run folder (skipped.json)
     # Random init (LoRA A, and everything when no checkpoint) from (seed, "init") on every rank,
     # so all ranks -- and a 1-rank run -- start from the same global state.
-    torch.manual_seed(derive_seed(cfg.run.seed, "init"))
+    torch.manual_seed(derive_seed(cfg.seed, "init"))
     layout = LaneLayout(comm.world_size, cfg.model.shard_group_size, comm.rank)
     # a fresh connector follows the seed
-    model = build_model(cfg.model, meta=sharded_from_meta(cfg, layout), run_seed=cfg.run.seed)
+    model = build_model(cfg.model, meta=sharded_from_meta(cfg, layout), run_seed=cfg.seed)
     # device, dtype policy, activation checkpointing and lane sharding, from outside the model
     device = resolve_device(cfg.run.device, comm.local_rank, comm.local_world_size)
     if layout.group_size > 1:  # the lane's collectives (mesh, shards) start once all have loaded
@@ -258,16 +258,16 @@ def build_world(cfg: Config, comm: Comm, log: Callable[[str], None]) -> World:
         raise UserError(f"fl.clients_per_round ({cfg.fl.clients_per_round}) exceeds the number "
                         f"of clients ({population})")
     q = sampling_rate(cfg.fl.clients_per_round, population)
-    runner = ClientRunner(model, params, groups, cfg.fl, cfg.client, make_batches, cfg.run.seed,
+    runner = ClientRunner(model, params, groups, cfg.fl, cfg.client, make_batches, cfg.seed,
                           placement)
-    noise = noise_for(cfg.privacy, cfg.run.seed)
+    noise = noise_for(cfg.privacy, cfg.seed)
     server = ServerOptimizer(cfg.aggregation)
     recorder = ChannelRecorder(run_dir(cfg), comm.rank) if cfg.audit.record_channels else None
     engine = RoundEngine(cfg, comm, runner, groups, clients, policy, noise, server, recorder,
                          layout=layout, device=device)
     e = cfg.eval
     evaluation = ShardedEvaluation(store, eval_utts, layout, e.batch_size, e.max_new_tokens,
-                                   e.bootstrap, cfg.run.seed)
+                                   e.bootstrap, cfg.seed)
     ledger = RunLedger(ledger_for(cfg, population), policy,
                        record_channels=cfg.audit.record_channels)
     if comm.rank == 0:

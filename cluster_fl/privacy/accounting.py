@@ -85,8 +85,10 @@ class RoundEvent:
     cohort_size: int | None
     count: int = 1
 
-    def key(self) -> tuple:
-        return tuple(v for k, v in asdict(self).items() if k != "count")
+    def key(self) -> tuple[float, float | None, bool, str, float, int | None, int | None]:
+        """Every field but ``count``: two events of one key are the same mechanism."""
+        return (self.noise_multiplier, self.statistic_noise_multiplier, self.statistic_private,
+                self.sampling, self.sampling_rate, self.population, self.cohort_size)
 
     def dp_event(self) -> dp_accounting.DpEvent:
         """The dp-accounting event of ``count`` rounds."""

@@ -148,6 +148,8 @@ class Diagnostics:
         if self.mode == "off":
             row: dict[str, Any] = {"diagnostics": "off"}
         else:
+            if total is None:
+                raise ValueError(f"diagnostics {self.mode!r} need the summed vector")
             row = self._means(dict(zip(self.names, total.tolist())), denominator)
         for name, c in thresholds.items():
             row[f"threshold/{name}"] = float(c)
