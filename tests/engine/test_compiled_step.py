@@ -5,6 +5,9 @@ Each encoder and decoder layer is compiled with symbolic shapes (``dist.parallel
 the step's inputs are prepared on the host (``SpeechLLM.prepare``) with lengths rounded up to
 ``STEP_BUCKETS``. float32 on both sides: the tolerance is float32's (inductor fuses and reorders
 the elementwise work, so sums round differently), as in tests/engine/test_batched.py.
+
+``slow``: inductor compiles the layers (~100 s on a cold cache, most of it C++ compilation), which
+the default suite's 10-minute budget cannot carry; `.ci/run` runs the slow tests after it.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from engine_helpers import tiny_config
 from cluster_fl.dist import LocalComm
 
 REL_TOL = 1e-4
+pytestmark = pytest.mark.slow
 
 
 def _rel(a: dict, b: dict) -> float:
