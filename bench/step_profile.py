@@ -58,7 +58,11 @@ VARIANTS = {"before (ef1e172 defaults)": (BASELINE_COMMIT, []),
                                            "fl.clients_per_step=8"]),
             "bf16, compiled, K=24": (None, ["model.dtype=bfloat16", "model.compile=true",
                                             "fl.clients_per_step=24"]),
-            "defaults (auto)": (None, [])}
+            "defaults (auto)": (None, []),
+            # the per-client tail before it was vectorised over a block (session 12)
+            "defaults, per-client tail (8a49e88)": ("8a49e88", []),
+            "K=24, per-client tail (8a49e88)": ("8a49e88", ["fl.clients_per_step=24"]),
+            "defaults, K=24": (None, ["fl.clients_per_step=24"])}
 
 MATRIX = ("aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm", "aten::mkldnn_convolution",
           "aten::convolution_backward", "aten::_convolution", "aten::mkldnn_linear",
