@@ -242,12 +242,8 @@ class SecureSummer:
         for name, parts in by_field.items():
             f = self.fields[name]
             # within its bound, check_range guarantees each encoding and the sum fit int64
-            if len(parts) == 1:
-                enc = _scale(parts[0], f.frac_bits).to(torch.int64)
-            elif all(t.dtype == parts[0].dtype for t in parts):
-                enc = _scale(torch.stack(parts), f.frac_bits).to(torch.int64).sum(0)
-            else:
-                enc = torch.stack([_scale(t, f.frac_bits).to(torch.int64) for t in parts]).sum(0)
+            encoded = [_scale(t, f.frac_bits).to(torch.int64) for t in parts]
+            enc = encoded[0] if len(encoded) == 1 else torch.stack(encoded).sum(0)
             self._acc[f.offset:f.offset + f.numel] += enc
             self._acc[self.numel + self._index[name]] += len(parts)
 
