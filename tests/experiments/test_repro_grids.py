@@ -40,23 +40,25 @@ def test_repro_grid_parses_and_expands_to_every_method_and_seed(regime, encoder_
         # the starting point: the step-budgeted checkpoint, a fresh connector drawn per seed
         assert cfg.model.connector_init == "fresh" and cfg.model.connector_seed is None
         assert cfg.model.checkpoint.endswith(CHECKPOINT)
+        # the pilot's picks (PROTOCOL.md §7): 40 rounds, q = 0.1 of the 240 private speakers
+        assert cfg.fl.rounds == 40 and cfg.fl.clients_per_round == 24
     by_method = {s.axes["method"]: s.config.privacy for s in specs if s.seed == 0}
     assert by_method["fedavg"].mechanism == "none"
     assert all(p.mechanism == "gaussian" for m, p in by_method.items() if m != "fedavg")
     assert by_method["alpha-split-paper"].alpha == 0.05  # the paper's
     calibrated = by_method["alpha-split-calibrated"]
     assert calibrated.clipping == "alpha-split"
-    # calibrate's alpha for the regime (provisional until it runs on the new checkpoint): small
-    # where the encoder's updates are small
-    assert calibrated.alpha == {"heavy": 0.0207, "mild": 0.5}[regime]
+    # calibrate's alpha for the regime on the starting model (PROTOCOL.md §3): small where the
+    # encoder's updates are small, the clamp where they are not
+    assert calibrated.alpha == {"heavy": 0.02886, "mild": 0.5}[regime]
     pools = by_method["pools-3"]
     assert pools.clipping == "pools"
     assert [(p["name"], tuple(p["components"])) for p in pools.pools] == [
         ("encoder", ("encoder",)), ("connector", ("connector",)), ("decoder", ("decoder",))]
     assert pools.pools[0]["share"] == pytest.approx(calibrated.alpha)
-    assert sum(p["share"] for p in pools.pools) == pytest.approx(1.0)
+    assert abs(sum(p["share"] for p in pools.pools) - 1.0) < 1e-9  # as the config demands
     text = path.read_text()  # where each sized value came from stays written beside it
-    assert "PILOT" in text and "CALIBRATE" in text
+    assert "PROTOCOL" in text
 
 
 def test_the_lr_sweep_gives_every_method_the_same_values_on_tuning_seeds():
@@ -98,3 +100,22 @@ def test_the_private_grid_is_heavy_flat_uniform_alpha_at_epsilon_at_most_10():
     assert report["sampling_rate"] == pytest.approx(0.1)
     assert 9.0 < report["epsilon"] <= 10.0
     assert report["noise_multiplier_for_target"] <= cfg.privacy.noise_multiplier
+
+
+def test_the_eurollm_grid_is_the_heavy_grid_on_the_third_architecture():
+    """Item 6 (PROTOCOL.md §13): whisper-eurollm-tiny from its own step-budgeted checkpoint, the
+    heavy regime's settings, flat / uniform / alpha-split / size-EMA / FedAvg on 3 seeds."""
+    specs = expand(load_grid(REPO / "configs" / "grids" / "repro-eurollm.yaml"))
+    heavy = {s.axes["method"]: s.config for s in expand(load_grid(
+        REPO / "configs" / "grids" / "repro-heavy.yaml")) if s.seed == 0}
+    assert [s.axes["method"] for s in specs[::3]] == [
+        "flat", "uniform", "alpha-split-calibrated", "size-ema", "fedavg"]
+    assert {s.seed for s in specs} == {0, 1, 2}
+    for s in specs:
+        cfg, ref = s.config, heavy[s.axes["method"]]
+        assert cfg.model.arch == "whisper-eurollm-tiny"
+        assert cfg.model.checkpoint.endswith("repro-eurollm-joint-5600steps")
+        # everything but the architecture and its checkpoint is the heavy grid's cell
+        assert (cfg.fl, cfg.client, cfg.eval, cfg.data) == (ref.fl, ref.client, ref.eval, ref.data)
+        assert cfg.privacy.clipping == ref.privacy.clipping
+        assert cfg.privacy.noise_multiplier == ref.privacy.noise_multiplier
