@@ -13,7 +13,10 @@
 #      4; the batch-4 checkpointed peak is held against `cluster-fl plan`;
 #   3. the study's client workload (tiny model, batch 8, 4 local steps, 64 clients a round):
 #      client updates per second for K = 1 eager, K = 64 eager and K = 64 compiled clients per
-#      batched step, with peak memory and the host synchronisations per step of one round.
+#      batched step, with peak memory and the host synchronisations per step of one round;
+#   4. the study's heavy-regime cell (per-layer flat DP, 24 clients a round): updates/s, the
+#      GPU-busy share of a round, and the whole study's GPU wall time at that rate;
+#   5. the peer benchmark on the GPU: cluster_fl against pfl-research on the same work.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}
@@ -54,4 +57,19 @@ PYEOF
 
 echo "== 3. the study's client workload: client updates/s, K = 1 eager / 64 eager / 64 compiled"
 timeout 200 $PY bench/gpu_step.py speed --clients 64 --rounds 2 --variants 1,64,64c | tail -1 || status=1
+
+# the study's updates (results/repro/PROTOCOL.md): main 2 x 9 x 5 runs, LR sweep 54, EuroLLM 15,
+# each 40 rounds x 24 clients; the eps <= 10 grid 9 runs x 30 rounds x 240 clients
+STUDY_UPDATES=$(( (90 + 54 + 15) * 40 * 24 + 9 * 30 * 240 ))
+echo "== 4. the study's heavy cell (24 clients a round, K = 24 compiled): updates/s, GPU-busy share,"
+echo "     syncs, and the wall time of its $STUDY_UPDATES client updates at that rate, one run at a time"
+timeout 120 $PY bench/gpu_step.py speed --clients 24 --rounds 3 --variants 24c --study \
+  --estimate-updates $STUDY_UPDATES | tail -1 || status=1
+
+echo "== 5. peers on the GPU (issue 24 item 7): cluster_fl K = 1 / 24 against pfl-research, DP"
+# Flower's simulation needs Ray, whose wheel does not fit what this machine can be sent; on a
+# cluster node: add flower to --frameworks
+timeout 150 $PY -m bench.peers.run --device cuda --frameworks cluster_fl,pfl --privacy dp \
+  --ks 1,24 --ranks 1 --rounds 2 --reps 1 --batch-size 8 --work /tmp/cluster_fl_peers_gpu \
+  | head -12 || status=1
 exit $status

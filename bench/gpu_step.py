@@ -153,7 +153,11 @@ def big(args: argparse.Namespace) -> dict:
 def speed(args: argparse.Namespace) -> dict:
     """Client updates/s of the study's client workload (tiny model, batch 8, 4 local steps) for
     each variant in ``--variants`` (``K[c]``: K clients per batched step, ``c`` = compiled; one
-    pass per step), with peak memory and the host synchronisations of one timed round."""
+    pass per step), with peak memory and the host synchronisations of one timed round.
+    ``--study``: at the pre-registered study's heavy-regime client settings (encoder LR x 0.1,
+    per-layer flat DP at sigma 0.1, C = 1, exact diagnostics), with the GPU-busy share of one
+    round (kernel time / wall, torch.profiler) and, given ``--estimate-updates``, the hours that
+    many client updates take at the measured rate (one run at a time)."""
     import warnings
 
     import torch
@@ -179,7 +183,8 @@ def speed(args: argparse.Namespace) -> dict:
             f"fl.clients_per_round={args.clients}", "fl.sampling=fixed", "fl.max_local_steps=4",
             "fl.batch_size=8", f"run.device={args.device}", f"model.dtype={args.dtype}",
             f"model.compile={str(compiled).lower()}", f"fl.clients_per_step={k}",
-            "fl.rows_per_pass=0", "model.checkpoint=null", "model.connector_init=checkpoint"])
+            "fl.rows_per_pass=0", "model.checkpoint=null", "model.connector_init=checkpoint",
+            *(STUDY_HEAVY if args.study else [])])
         world = setup.build_world(cfg, LocalComm(), lambda m: None)
         state = world.initial_state
         t = time.perf_counter()
@@ -208,10 +213,35 @@ def speed(args: argparse.Namespace) -> dict:
             syncs = sum("synchroniz" in str(w.message) for w in caught)
             steps = args.clients * 4 / k  # batched steps in the round
             row.update(syncs_per_round=syncs, syncs_per_step=syncs / steps)
+            row["gpu_busy_share"] = gpu_busy_share(world, 3 + args.rounds, state)
+        if args.estimate_updates:
+            row["estimate_hours"] = args.estimate_updates / row["client_updates_per_s"] / 3600
         out[variant] = row
         print(json.dumps({variant: row}), flush=True)
         del world
     return out
+
+
+# the pre-registered study's heavy-regime client settings (configs/grids/repro-heavy.yaml)
+STUDY_HEAVY = ["model.freeze_encoder=false", "client.lr_encoder_mult=0.1",
+               "privacy.mechanism=gaussian", "privacy.clipping=flat", "privacy.clip_norm=1.0",
+               "privacy.noise_multiplier=0.1", "privacy.grouping=layer",
+               "privacy.diagnostics=exact"]
+
+
+def gpu_busy_share(world, round_: int, state) -> float:
+    """Kernel time on the GPU / wall time of one round (torch.profiler's CUDA activity)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t = time.perf_counter()
+        world.engine.run_round(round_, state)
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t
+    busy_us = sum(e.self_device_time_total for e in prof.key_averages())
+    return busy_us / 1e6 / wall
 
 
 def main() -> None:
@@ -234,6 +264,10 @@ def main() -> None:
     s.add_argument("--rounds", type=int, default=2)
     s.add_argument("--dtype", default="auto")
     s.add_argument("--work", default="/tmp/cluster_fl_gpu")
+    s.add_argument("--study", action="store_true",
+                   help="the study's heavy-regime client settings, and the GPU-busy share")
+    s.add_argument("--estimate-updates", type=int, default=0,
+                   help="client updates to estimate the wall time of at the measured rate")
     args = parser.parse_args()
     out = big(args) if args.what == "big" else speed(args)
     print(json.dumps(out))

@@ -13,7 +13,11 @@ Model, data, local work and privacy setting are defined here once and each harne
   optionally central DP with flat clipping at ``clip_norm`` and Gaussian noise
   ``noise_multiplier * clip_norm`` on the sum;
 * the measure: client updates per second = clients trained / wall time of the timed rounds,
-  after one warm-up round, setup excluded, one torch thread per process.
+  after one warm-up round, setup excluded, one torch thread per process;
+* the device (``device``): every framework trains on the CPU or on one CUDA GPU. The peers'
+  plain-PyTorch loop runs the frozen base in bf16 under autocast on a GPU (``peer_precision:
+  auto``; what a pfl or Flower user would write), in fp32 on a CPU (eager bf16 is slower there:
+  bench/step_profile.py); cluster_fl uses its own ``model.dtype: auto``.
 
 Every harness returns :func:`cell_result`, one JSON-able dict per run.
 """
@@ -31,6 +35,7 @@ from typing import Any, Iterator, Sequence
 ROOT = Path(__file__).resolve().parents[2]
 LANGUAGES = ("en", "de")
 PRIVACY = ("dp", "fedavg")
+PRECISIONS = ("auto", "fp32", "bf16")
 
 
 @dataclass(frozen=True)
@@ -48,14 +53,37 @@ class Work:
     noise_multiplier: float = 0.1
     rounds: int = 2                  # timed rounds, after one untimed warm-up round
     seed: int = 0
+    device: str = "cpu"              # cpu, or cuda / cuda:N: one GPU for every framework
+    peer_precision: str = "auto"     # the peers' forward: auto = bf16 on a GPU, fp32 on a CPU
 
     def __post_init__(self) -> None:
+        if not (self.device == "cpu" or self.device == "cuda"
+                or (self.device.startswith("cuda:") and self.device[5:].isdigit())):
+            raise ValueError(f"device must be cpu, cuda or cuda:N, not {self.device!r}")
+        if self.peer_precision not in PRECISIONS:
+            raise ValueError(f"peer_precision must be one of {PRECISIONS}, "
+                             f"not {self.peer_precision!r}")
         population = self.speakers_per_language * len(LANGUAGES)
         if not 1 <= self.clients <= population:
             raise ValueError(f"clients per round ({self.clients}) must be in 1..{population} "
                              f"(speakers_per_language x {len(LANGUAGES)} languages)")
         if self.rounds < 1 or self.local_steps < 1 or self.batch_size < 1:
             raise ValueError("rounds, local_steps and batch_size must be >= 1")
+
+    @property
+    def peer_bf16(self) -> bool:
+        """Whether the peers' loop runs the frozen base in bf16 under autocast."""
+        return self.peer_precision == "bf16" or (self.peer_precision == "auto"
+                                                 and self.device != "cpu")
+
+    def check_device(self) -> None:
+        """Fail a cell early and clearly when its GPU is not there."""
+        if self.device != "cpu":
+            import torch
+
+            if not torch.cuda.is_available():
+                raise RuntimeError(f"device {self.device!r} asked for, but torch sees no CUDA "
+                                   f"device (torch {torch.__version__})")
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -104,6 +132,7 @@ def cluster_config(work: Work, privacy: str, clients_per_step: int = 1):
         "fl.batch_size": work.batch_size, "fl.max_local_steps": work.local_steps,
         "fl.lr": work.lr, "fl.clients_per_step": clients_per_step,
         "run.out": str(Path(work.work_dir) / "runs"), "run.threads": 1, "run.seed": work.seed,
+        "run.device": work.device,
         "eval.max_utterances": 4, "eval.bootstrap": 10,
         "privacy.clip_norm": work.clip_norm, "privacy.noise_multiplier": work.noise_multiplier,
     }
@@ -157,9 +186,10 @@ def client_batches(work: Work, examples: Sequence[Any], round_: int, client: int
 
 # --------------------------------------------------------------------------- model
 
-def build_model(work: Work):
+def build_model(work: Work, on_device: bool = True):
     """(model, trainable parameters by group name): random init from the seed, LoRA applied,
-    only LoRA and connector weights require grad."""
+    only LoRA and connector weights require grad; on ``work.device`` (``on_device``) with the
+    frozen base in bf16 when the peers compute in bf16 (the trainable weights stay fp32)."""
     import torch
 
     from cluster_fl.config import ModelConfig
@@ -169,8 +199,27 @@ def build_model(work: Work):
 
     torch.manual_seed(derive_seed(work.seed, "init"))
     model = cf_build(ModelConfig(arch="whisper-tinyllama-tiny", lora_rank=4, lora_alpha=8.0))
+    if on_device:
+        work.check_device()
+        if work.peer_bf16:
+            for p in model.parameters():
+                if not p.requires_grad:
+                    p.data = p.data.to(torch.bfloat16)
+        model.to(work.device)
     params = trainable_parameters(model)
     return model, params
+
+
+def peer_autocast(work: Work):
+    """The peers' forward context: bf16 autocast on ``work.device`` when they compute in bf16,
+    else nothing."""
+    import contextlib
+
+    import torch
+
+    if not work.peer_bf16:
+        return contextlib.nullcontext()
+    return torch.autocast(torch.device(work.device).type, dtype=torch.bfloat16)
 
 
 def local_train(work: Work, model, params: dict, examples: Sequence[Any], round_: int,
@@ -187,7 +236,8 @@ def local_train(work: Work, model, params: dict, examples: Sequence[Any], round_
     steps, loss_sum = 0, 0.0
     for batch in client_batches(work, examples, round_, client):
         opt.zero_grad(set_to_none=True)
-        loss, _ = model.loss(batch)
+        with peer_autocast(work):
+            loss, _ = model.loss(batch)
         loss.backward()
         opt.step()
         loss_sum += float(loss.detach())

@@ -14,7 +14,8 @@ Simulation Runtime (Ray backend, local, no network).
   ``noise_multiplier * clip_norm / cohort`` to the average);
 * processes: ``run_simulation`` with ``num_supernodes`` = population; the Ray backend runs
   ClientApps in N actor processes (``client_resources.num_cpus = 1`` on a Ray node of N CPUs):
-  1 or 2 client workers, the ServerApp in the driver process.
+  1 or 2 client workers, the ServerApp in the driver process; on a GPU (``work.device``) the
+  N actors share it (``client_resources.num_gpus`` = 1/N) and exchange arrays on the host.
 
 Round timing comes from the strategy's ``evaluate_fn`` hook, which Flower calls after every
 round; replies are counted in ``aggregate_train``. Telemetry is switched off.
@@ -68,7 +69,7 @@ def _simulate(work: Work, privacy: str, procs: int) -> dict:
                 p.copy_(global_arrays[name])
         round_ = int(msg.content["config"]["server-round"])
         _, loss = local_train(work, st["model"], params, client.load(), round_, client.index)
-        arrays = ArrayRecord({name: p.detach().clone() for name, p in params.items()})
+        arrays = ArrayRecord({name: p.detach().cpu().clone() for name, p in params.items()})
         metrics = MetricRecord({"num-examples": len(client), "train_loss": loss,
                                 "worker-pid": os.getpid()})
         return Message(content=RecordDict({"arrays": arrays, "metrics": metrics}), reply_to=msg)
@@ -89,7 +90,7 @@ def _simulate(work: Work, privacy: str, procs: int) -> dict:
 
     @server_app.main()
     def main(grid: Grid, context: Context) -> None:
-        _, params = build_model(work)
+        _, params = build_model(work, on_device=False)  # the server aggregates on the host
         initial = ArrayRecord({name: p.detach().clone() for name, p in params.items()})
         strategy: Any = CountingFedAvg(fraction_train=work.clients / population,
                                        fraction_evaluate=0.0, min_train_nodes=work.clients,
@@ -107,9 +108,11 @@ def _simulate(work: Work, privacy: str, procs: int) -> dict:
         strategy.start(grid=grid, initial_arrays=initial, num_rounds=work.rounds + 1,
                        evaluate_fn=stopwatch)
 
+    gpus = 0 if work.device == "cpu" else 1
     run_simulation(server_app=server_app, client_app=client_app, num_supernodes=population,
-                   backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-                                   "init_args": {"num_cpus": procs, "num_gpus": 0,
+                   backend_config={"client_resources": {"num_cpus": 1,
+                                                        "num_gpus": gpus / procs},
+                                   "init_args": {"num_cpus": procs, "num_gpus": gpus,
                                                  "include_dashboard": False,
                                                  "logging_level": "ERROR",
                                                  "log_to_driver": False}})

@@ -17,7 +17,8 @@
   its part of the cohort and pfl all-reduces the statistics.
 
 Differences that do not change the amount of compute: pfl's local learning rate is constant
-(cluster_fl uses a cosine schedule over the same 4 steps).
+(cluster_fl uses a cosine schedule over the same 4 steps). On a GPU (``work.device``) pfl's
+device is set through ``PFL_PYTORCH_DEVICE`` and the loss runs under the peers' autocast.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import time
 
 from bench.peers.common import (ROOT, CellResult, Work, build_model, client_batches,
                                 decode_batch, encode_batch, load_clients, one_thread,
-                                round_durations)
+                                peer_autocast, round_durations)
 
 
 def _worker(work: Work, privacy: str) -> dict:
@@ -66,12 +67,14 @@ def _worker(work: Work, privacy: str) -> dict:
 
         def loss(self, features, lengths, codes, langs):
             self.train()
-            return self.inner.loss(decode_batch(features, lengths, codes, langs))[0]
+            with peer_autocast(work):
+                return self.inner.loss(decode_batch(features, lengths, codes, langs))[0]
 
         @torch.no_grad()
         def metrics(self, features, lengths, codes, langs):
             self.eval()
-            loss, n = self.inner.loss(decode_batch(features, lengths, codes, langs))
+            with peer_autocast(work):
+                loss, n = self.inner.loss(decode_batch(features, lengths, codes, langs))
             return {"loss": Weighted(float(loss) * n, n)}
 
     class SpeakerDataset(Dataset):
@@ -153,7 +156,7 @@ def run_cell(work: Work, privacy: str, procs: int, timeout_s: float = 3600) -> C
     procs_ = []
     for rank in range(procs):
         env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-                   OMP_NUM_THREADS="1", PFL_PYTORCH_DEVICE="cpu")
+                   OMP_NUM_THREADS="1", PFL_PYTORCH_DEVICE=work.device)
         if procs > 1:
             env.update(PFL_WORKER_ADDRESSES=addresses, PFL_WORKER_RANK=str(rank))
         procs_.append(subprocess.Popen(

@@ -3,6 +3,7 @@ the same work, measured side by side in one run.
 
     python -m bench.peers.run                                  # everything, issue 13's sizes
     python -m bench.peers.run --frameworks cluster_fl --ks 1 --ranks 1 --rounds 2 --reps 1
+    python -m bench.peers.run --device cuda --ks 1,24 --ranks 1   # on one GPU (issue 24)
 
 Every cell (framework x privacy x processes [x K]) runs in a fresh process; repetitions are
 interleaved (each repetition runs every cell once, in a rotated order) and the table reports
@@ -134,9 +135,11 @@ def summarise(cells: list[Cell], runs: dict[Cell, list[dict]]) -> list[dict]:
 
 
 def table(rows: list[dict], work: Work, reps: int) -> str:
+    where = ("1 torch thread per process" if work.device == "cpu" else
+             f"on {work.device}, peers in {'bf16 autocast' if work.peer_bf16 else 'fp32'}")
     head = (f"client updates/s, median of {reps} interleaved rep(s); {work.clients} clients/round, "
             f"{work.local_steps} AdamW steps x {work.batch_size} utterances, {work.rounds} timed "
-            "round(s) after 1 warm-up, 1 torch thread per process")
+            f"round(s) after 1 warm-up, {where}")
     lines = [head, "", f"{'framework':<11} {'privacy':<7} {'procs':>5} {'K':>3} "
              f"{'updates/s':>10} {'min-max':>15} {'s/round':>8} {'updates':>8}",
              "-" * 73]
@@ -205,6 +208,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--utterances", type=int, default=d.utterances, help="per client")
     ap.add_argument("--batch-size", type=int, default=d.batch_size)
     ap.add_argument("--local-steps", type=int, default=d.local_steps)
+    ap.add_argument("--device", default=d.device,
+                    help="cpu, or cuda / cuda:N: every framework trains on that one GPU")
+    ap.add_argument("--peer-precision", choices=["auto", "fp32", "bf16"],
+                    default=d.peer_precision,
+                    help="the peers' forward: auto = bf16 autocast on a GPU, fp32 on a CPU")
     ap.add_argument("--timeout", type=float, default=3600.0, help="seconds per cell")
     ap.add_argument("--json-out", type=Path, help="also write the JSON summary here")
     ap.add_argument("--cell", help=argparse.SUPPRESS)       # internal: run one cell
@@ -218,9 +226,14 @@ def main(argv: list[str] | None = None) -> int:
         cell = Cell(**json.loads(args.cell))
         print(json.dumps(run_cell(cell, Work.from_json(args.work_json))), flush=True)
         return 0
-    work = Work(work_dir=str(args.work), speakers_per_language=args.speakers_per_language,
-                utterances=args.utterances, clients=args.clients, batch_size=args.batch_size,
-                local_steps=args.local_steps, rounds=args.rounds)
+    try:
+        work = Work(work_dir=str(args.work), speakers_per_language=args.speakers_per_language,
+                    utterances=args.utterances, clients=args.clients,
+                    batch_size=args.batch_size, local_steps=args.local_steps,
+                    rounds=args.rounds, device=args.device, peer_precision=args.peer_precision)
+    except ValueError as exc:
+        print(f"bench.peers.run: {exc}", file=sys.stderr)
+        return 2
     args.work.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     prepare(work)

@@ -111,3 +111,52 @@ def test_table_reports_failures_and_ratios() -> None:
     assert "FAILED  boom" in text
     assert "best cluster_fl (1p K=16) / best peer (pfl 1p) = 2.00x" in text
     assert "cluster_fl 1p K=16 / K=1 = 3.00x" in text
+
+
+def test_work_names_one_device_and_the_peers_precision() -> None:
+    """Issue 24 item 7: every framework trains on the same device; the peers' loop computes in
+    bf16 under autocast on a GPU unless told otherwise, in fp32 on a CPU."""
+    assert not run.Work().peer_bf16
+    assert run.Work(device="cuda").peer_bf16 and run.Work(device="cuda:1").peer_bf16
+    assert not run.Work(device="cuda", peer_precision="fp32").peer_bf16
+    assert run.Work(peer_precision="bf16").peer_bf16
+    for bad in ("gpu", "cuda:x", "CUDA"):
+        with pytest.raises(ValueError, match="device must be"):
+            run.Work(device=bad)
+    with pytest.raises(ValueError, match="peer_precision"):
+        run.Work(peer_precision="fp16")
+    assert run.main(["--device", "gpu", "--reps", "0"]) == 2  # a clear message, no traceback
+
+
+def test_the_peers_bf16_loop_trains_the_same_work(work_dir: Path) -> None:
+    """The peers' bf16 path (frozen base in bf16, autocast) on the CPU: the base is bf16, the
+    trainable weights stay fp32, and local training moves them (what a GPU run does on CUDA)."""
+    import torch
+
+    from bench.peers.common import build_model, load_clients, local_train, prepare
+
+    work = run.Work(work_dir=str(work_dir), speakers_per_language=2, utterances=4, clients=3,
+                    batch_size=2, local_steps=2, peer_precision="bf16")
+    prepare(work)
+    model, params = build_model(work)
+    frozen = [p for p in model.parameters() if not p.requires_grad]
+    assert frozen and {p.dtype for p in frozen} == {torch.bfloat16}
+    assert {p.dtype for p in params.values()} == {torch.float32}
+    before = {k: v.detach().clone() for k, v in params.items()}
+    client = load_clients(work)[0]
+    steps, loss = local_train(work, model, params, client.load(), 1, client.index)
+    assert steps == 2 and loss == loss and loss > 0
+    assert any(not torch.equal(before[k], v) for k, v in params.items())
+
+
+@pytest.mark.skipif(_missing("pfl"), reason="pfl not installed (pip install -e '.[bench]')")
+def test_a_missing_gpu_fails_every_cell_clearly(work_dir: Path, capsys) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: tests/gpu runs the peers on it")
+    rc, text, cells = _drive(["--frameworks", "cluster_fl,pfl", "--ks", "1", "--privacy", "dp",
+                              "--device", "cuda", "--work", str(work_dir), *TINY], capsys)
+    assert rc == 1 and "FAILED" in text
+    assert [c["median_rate"] for c in cells] == [None, None]
+    assert all(c["errors"] and "cuda" in c["errors"][0].lower() for c in cells), cells
