@@ -2,7 +2,8 @@
 non-private measurement each make one host transfer per client, whatever the number of tensors
 (on a GPU every read is a synchronisation: 3 per tensor before, 446 tensors at 9B). Counted on
 CPU by wrapping every Tensor -> Python conversion (tests/host_syncs.py); the values are those of
-the per-tensor code.
+the per-tensor code. The engine's whole tail -- one read per block -- is counted in
+tests/engine/test_host_syncs.py.
 """
 
 from __future__ import annotations
@@ -153,3 +154,46 @@ def test_a_block_adds_the_same_integers_as_its_clients_one_by_one(monkeypatch):
     assert reads.n == 1
     assert torch.equal(one._acc, many._acc)  # the int64 buffer, counters included
 
+
+def test_a_deferred_range_check_reads_nothing_adds_nothing_and_fails_the_reduce(monkeypatch):
+    # the engine's tail: the check runs on the device; a failing call adds nothing, and the
+    # next reduce (or partial) raises what the immediate check raises, before anything is sent
+    from cluster_fl.dist import LocalComm
+
+    good = [{"u": torch.full((3, 4), 0.25), "stat": torch.tensor([0.5, -1.0])},
+            {"w": torch.ones(5) * 0.5}]
+    now, later = _summer(), _summer()
+    now.add_many(good)
+    reads = HostReads(monkeypatch)
+    later.add_many(good, defer_check=True)
+    later.add_many([{"u": torch.full((3, 4), 0.5)}, {"stat": torch.tensor([0.5, 2.0])}],
+                   defer_check=True)
+    assert reads.n == 0
+    acc = later._acc[:later._reduced]
+    assert torch.equal(now._acc[:now._reduced], acc)  # the failing call added nothing
+    with pytest.raises(SecureSumRangeError, match="'stat': \\|x\\| = 2 exceeds its bound 1"):
+        later.reduce(LocalComm(), 0)
+    with pytest.raises(SecureSumRangeError, match="'stat'"):
+        later.partial()
+    nan = _summer()
+    nan.add_many([{"u": torch.full((3, 4), float("nan"))}], defer_check=True)
+    with pytest.raises(ValueError, match="'u': non-finite"):
+        nan.check()
+    ok = _summer()
+    ok.add_many(good, defer_check=True)
+    ok.check()
+    assert torch.equal(ok.reduce(LocalComm(), 0)["u"], now.reduce(LocalComm(), 0)["u"])
+
+
+def test_nonprivate_measure_of_a_block_reads_back_once(monkeypatch):
+    groups = _groups(5)
+    diag = Diagnostics(groups, None, PrivacyConfig(mechanism="none", diagnostics="exact"))
+    g = torch.Generator().manual_seed(5)
+    block = [{s.name: torch.randn(3, 4, generator=g) for s in groups} for _ in range(4)]
+    block[1]["g2"][0, 0] = 50.0
+    alone = [diag.measure(d, max_abs=10.0) for d in block]
+    reads = HostReads(monkeypatch)
+    together = diag.measure_many(block, max_abs=10.0)
+    assert reads.n == 1
+    assert [m.group_norms for m in together] == [m.group_norms for m in alone]
+    assert [m.nonfinite for m in together] == [False, True, False, False]
