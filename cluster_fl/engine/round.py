@@ -33,6 +33,7 @@ from cluster_fl.dist.comm import Comm
 from cluster_fl.dist.parallelize import LaneLayout
 from cluster_fl.engine import cohort as cohort_mod
 from cluster_fl.engine.client import ClientRunner, ClientUpdate, HeapTrimmer
+from cluster_fl.engine.feeder import ClientFeeder
 from cluster_fl.engine.recorder import ChannelRecorder
 from cluster_fl.engine.rundir import run_id
 from cluster_fl.engine.server import ServerOptimizer
@@ -85,7 +86,8 @@ class RoundEngine:
     def __init__(self, cfg: Config, comm: Comm, runner: ClientRunner, groups: Sequence[GroupSpec],
                  clients: Sequence[ClientData], policy: ClipPolicy | None, noise: NoiseSource,
                  server: ServerOptimizer, recorder: ChannelRecorder | None = None,
-                 layout: LaneLayout | None = None, device: torch.device | str = "cpu"):
+                 layout: LaneLayout | None = None, device: torch.device | str = "cpu",
+                 feeder: ClientFeeder | None = None):
         self.cfg = cfg
         self.comm = comm
         # client lanes: world/G lanes of G ranks; the cohort is sharded over lanes, and a lane's
@@ -95,6 +97,8 @@ class RoundEngine:
         self.runner = runner
         self.groups = list(groups)
         self.clients = list(clients)
+        # how a block's client features reach the device (None: each client's load(), as is)
+        self.feeder = feeder
         self.policy = policy
         self.noise = noise
         self.private = cfg.privacy.mechanism == "gaussian"
@@ -188,8 +192,9 @@ class RoundEngine:
         summer = self.summer
         stat_size = self.clip_policy.statistic_size if self.private else 0
         self._local = {"trained": 0, "nonfinite": 0, "skipped": 0}
-        for block in mine:
-            loaded = [(index, self.clients[index].load()) for index in block]
+        feed = (self.feeder.blocks(self.clients, mine) if self.feeder is not None else
+                ([(index, self.clients[index].load()) for index in block] for block in mine))
+        for loaded in feed:
             for index, items in loaded:
                 if not items:  # no usable audio (none, or every row corrupt): skipped, counted
                     self._local["skipped"] += 1
