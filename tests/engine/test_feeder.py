@@ -43,16 +43,14 @@ def test_a_bad_value_is_an_error_naming_the_key_and_the_allowed_values():
         load_config(None, ["data.device_resident=1"])
 
 
-def test_yaml_booleans_are_the_settings_and_survive_a_dump():
-    for given, value in (("true", "true"), ("false", "false"), ("auto", "auto")):
+def test_yaml_booleans_are_the_settings_and_survive_a_dump(tmp_path):
+    assert load_config(None, []).data.device_resident == "auto"
+    for given in ("true", "false", "auto"):
         cfg = load_config(None, [f"data.device_resident={given}"])
-        assert cfg.data.device_resident == value
-        assert load_config(None, []).data.device_resident == "auto"
-        text = dump_config(cfg)
-        path = __import__("tempfile").mktemp(suffix=".yaml")
-        with open(path, "w") as fh:
-            fh.write(text)
-        assert load_config(path, []).data.device_resident == value
+        assert cfg.data.device_resident == given
+        path = tmp_path / f"{given}.yaml"
+        path.write_text(dump_config(cfg))
+        assert load_config(str(path), []).data.device_resident == given
 
 
 def test_the_key_does_not_change_the_run_id():
