@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# GPU checks (issues 12, 24, 25), in one run on one CUDA GPU (<= 9 minutes). Prints its figures;
+# GPU checks (issues 12, 24, 25), in one run on one CUDA GPU (<= 10 minutes). Prints its figures;
 # paste them into results/LOG.md with the date and the GPU's name. Run from the repository root
 # with the project installed (pip install -e '.[dev]' over your CUDA build of torch).
 #   1. tests marked gpu: the tiny model trains 2 rounds on CUDA in bf16 under NCCL (torchrun,
 #      1 rank) and makes the CPU run's clip decisions; a block of batched clients equals one
 #      client at a time (fp32); two gloo ranks sharing the one GPU make a 1-process run's clip
-#      decisions and evaluation rows (tests/gpu/);
+#      decisions and evaluation rows; a round synchronises the host once per block's training
+#      and once per block's tail, never inside a local step (tests/gpu/);
 #   2. a whisper-eurollm-9b-sized model (random init on the meta device, materialised on the
 #      GPU, bf16 base, LoRA r16) does client steps of 4 utterances x 15 s and more: step time,
 #      peak memory, and MFU = model FLOPs (counted from the shapes on the meta device) / step
@@ -24,7 +25,7 @@ status=0
 echo "== $(date -u +%FT%TZ) $($PY -c 'import torch; print(torch.cuda.get_device_name(0), "torch", torch.__version__)')"
 
 echo "== 1. gpu tests"
-timeout 200 $PY -m pytest -q -m gpu tests/gpu -p no:cacheprovider || status=1
+timeout 280 $PY -m pytest -q -s -m gpu tests/gpu -p no:cacheprovider || status=1
 
 echo "== 2. client steps of whisper-eurollm-9b (bf16 base, LoRA r16): time, memory, MFU"
 BIG=$(timeout 170 $PY bench/gpu_step.py big --arch whisper-eurollm-9b --batches 4,8,16 \

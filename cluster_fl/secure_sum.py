@@ -49,6 +49,7 @@ import torch
 
 from cluster_fl.dist import Comm
 from cluster_fl.errors import UserError
+from cluster_fl.transfer import to_device, to_device_together
 
 MODES = ("plain", "research", "secure")
 _TWO63 = 2.0 ** 63
@@ -192,9 +193,13 @@ class SecureSummer:
             self.fields[name] = Field(name, shape_t, offset, numel, bits, bound, noise)
             offset += numel
         self.numel = offset
-        # the buffer's tail counts contributions per field: the overflow guard after the sum
-        # on the model's device: contributions are encoded where the updates live
-        self._acc = torch.zeros(offset + len(self.fields), dtype=torch.int64, device=device)
+        # on the model's device: contributions are encoded where the updates live. After the
+        # values, the contributions counted per field (the overflow guard after the sum; summed
+        # with them) and, never summed, the range failures deferred add_many calls recorded
+        # (per field the largest offending |x|, float64 bits; inf: non-finite)
+        self._reduced = offset + len(self.fields)
+        self._acc = torch.zeros(self._reduced + len(self.fields), dtype=torch.int64,
+                                device=device)
         # rank 0's offset (the noise), on the host where masks are added; never in partial()
         self._offset: torch.Tensor | None = None
         self._index = {name: i for i, name in enumerate(self.fields)}
@@ -208,12 +213,18 @@ class SecureSummer:
         fields) and add it to this rank's running sum."""
         self.add_many([values])
 
-    def add_many(self, contributions: Sequence[Mapping[str, torch.Tensor | float | int]]) -> None:
+    def add_many(self, contributions: Sequence[Mapping[str, torch.Tensor | float | int]], *,
+                 defer_check: bool = False) -> None:
         """Add several contributions (a block's clients) at once, with the same integers as one
         :meth:`add` each (int64 sums are exact, so order and grouping do not matter): every
-        field of every contribution is range-checked first -- all peaks read back in one
-        transfer per device, nothing added if any fails -- then each field's values are encoded
-        as one stacked tensor and summed."""
+        field of every contribution is range-checked first and nothing is added if any fails;
+        then each field's values are encoded as one stacked tensor and summed. Values made on
+        the host (statistics, diagnostics) reach the buffer's device in one asynchronous copy.
+
+        The check reads every peak back in one transfer and raises here; ``defer_check`` makes
+        it on the device instead (no host synchronisation): a failing call still adds nothing,
+        and the failure -- the same error -- is raised by the next :meth:`reduce` (or
+        :meth:`partial`, :meth:`check`), before anything is masked or sent."""
         fields, xs = [], []
         for values in contributions:
             for name, value in values.items():
@@ -228,7 +239,31 @@ class SecureSummer:
                     raise ValueError(f"field {name!r}: expected {f.numel} values, got "
                                      f"{x.numel()}")
                 fields.append(f)
-                xs.append(x)
+                xs.append(x.reshape(-1))
+        if not xs:
+            return
+        xs = to_device_together(xs, self._acc.device)  # host-made values: one copy
+        if defer_check:
+            ok = self._check_on_device(fields, xs)
+        else:
+            self._check_now(fields, xs)
+            ok = None
+        by_field: dict[str, list[torch.Tensor]] = {}
+        for f, x in zip(fields, xs):
+            by_field.setdefault(f.name, []).append(x)
+        for name, parts in by_field.items():
+            f = self.fields[name]
+            # within its bound, check_range guarantees each encoding and the sum fit int64
+            encoded = [_scale(t, f.frac_bits).to(torch.int64) for t in parts]
+            enc = encoded[0] if len(encoded) == 1 else torch.stack(encoded).sum(0)
+            if ok is None:
+                self._acc[f.offset:f.offset + f.numel] += enc
+                self._acc[self.numel + self._index[name]] += len(parts)
+            else:  # a deferred failure adds nothing (0 x the encoding, 0 contributions)
+                self._acc[f.offset:f.offset + f.numel] += enc * ok
+                self._acc[self.numel + self._index[name]] += ok * len(parts)
+
+    def _check_now(self, fields: Sequence[Field], xs: Sequence[torch.Tensor]) -> None:
         for f, x, peak in zip(fields, xs, _peaks(xs)):
             if not math.isfinite(peak):
                 raise ValueError(f"field {f.name!r}: non-finite values (zero a NaN/Inf "
@@ -236,16 +271,39 @@ class SecureSummer:
             if peak > f.bound * _SLACK:
                 raise SecureSumRangeError(f"field {f.name!r}: |x| = {peak:g} exceeds its bound "
                                           f"{f.bound:g} (clip before adding)")
-        by_field: dict[str, list[torch.Tensor]] = {}
-        for f, x in zip(fields, xs):
-            by_field.setdefault(f.name, []).append(x.to(self._acc.device).reshape(-1))
-        for name, parts in by_field.items():
-            f = self.fields[name]
-            # within its bound, check_range guarantees each encoding and the sum fit int64
-            encoded = [_scale(t, f.frac_bits).to(torch.int64) for t in parts]
-            enc = encoded[0] if len(encoded) == 1 else torch.stack(encoded).sum(0)
-            self._acc[f.offset:f.offset + f.numel] += enc
-            self._acc[self.numel + self._index[name]] += len(parts)
+
+    def _check_on_device(self, fields: Sequence[Field], xs: Sequence[torch.Tensor]
+                         ) -> torch.Tensor:
+        """The range check of :meth:`add_many` without a read: records each failing field's
+        largest |x| (inf when non-finite) in the buffer's tail; returns 1 if every value is
+        within its bound, else 0 (int64, on the device)."""
+        dev = self._acc.device
+        peaks = torch.stack([torch.linalg.vector_norm(x, float("inf")).to(torch.float64)
+                             if x.numel() else torch.zeros((), dtype=torch.float64, device=dev)
+                             for x in xs])
+        host = torch.tensor([f.bound * _SLACK for f in fields]
+                            + [float(self._index[f.name]) for f in fields], dtype=torch.float64)
+        limits = to_device(host, dev)
+        bound, where = limits[:len(fields)], limits[len(fields):].to(torch.int64)
+        bad = ~(peaks <= bound)  # NaN fails too
+        worst = torch.where(bad, peaks.nan_to_num(nan=math.inf), 0.0)
+        faults = self._acc[self._reduced:].view(torch.float64)
+        faults.scatter_reduce_(0, where, worst, "amax")
+        return (~bad.any()).to(torch.int64)
+
+    def check(self) -> None:
+        """Raise the range failure a deferred :meth:`add_many` recorded, if any (one read)."""
+        self._raise_faults(self._acc[self._reduced:].cpu())
+
+    def _raise_faults(self, tail: torch.Tensor) -> None:
+        """``tail``: the buffer's fault slots, on the host."""
+        for f, peak in zip(self.fields.values(), tail.view(torch.float64).numpy().tolist()):
+            if peak == math.inf:
+                raise ValueError(f"field {f.name!r}: non-finite values (zero a NaN/Inf "
+                                 "client before adding it)")
+            if peak > 0:
+                raise SecureSumRangeError(f"field {f.name!r}: |x| = {peak:g} exceeds its bound "
+                                          f"{f.bound:g} (clip before adding)")
 
     def add_offset(self, values: Mapping[str, torch.Tensor]) -> None:
         """Encode an offset (rank 0's noise; any subset of the fields) into this rank's
@@ -255,7 +313,7 @@ class SecureSummer:
         ``max_clients``) and may be added once per reduction."""
         if self._offset is not None:
             raise ValueError("an offset was already added for this reduction")
-        buf = torch.zeros(self.numel + len(self.fields), dtype=torch.int64)
+        buf = torch.zeros(self._reduced, dtype=torch.int64)
         for name, value in values.items():
             f = self.fields.get(name)
             if f is None:
@@ -277,8 +335,11 @@ class SecureSummer:
         self._offset = None
 
     def partial(self) -> dict[str, torch.Tensor]:
-        """This rank's unmasked running sum, decoded (what only this rank may know)."""
-        return self._decode(self._acc.cpu())
+        """This rank's unmasked running sum, decoded (what only this rank may know); raises a
+        deferred range failure (:meth:`add_many`)."""
+        buf = self._acc.cpu()
+        self._raise_faults(buf[self._reduced:])
+        return self._decode(buf)
 
     def _decode(self, buf: torch.Tensor) -> dict[str, torch.Tensor]:
         return {f.name: decode(buf[f.offset:f.offset + f.numel], f.frac_bits).reshape(f.shape)
@@ -318,8 +379,11 @@ class SecureSummer:
         ``record`` keeps it, with the unmasked partial, in :attr:`last_partial`. Secure mode
         needs the pair keys that :meth:`reduce` agrees over the communicator."""
         # masks are generated on the host (numpy Philox / ChaCha20); only the int64 sum crosses
-        # to the communicator's device (TorchComm stages it for NCCL)
-        masked = self._acc.to("cpu", copy=True)
+        # to the communicator's device (TorchComm stages it for NCCL). One copy from the device
+        # brings the deferred range failures along: checked before anything is masked or sent
+        full = self._acc.to("cpu", copy=True)
+        self._raise_faults(full[self._reduced:])
+        masked = full[:self._reduced]
         if self._offset is not None:  # int64 adds wrap like the masks; the range check bounds it
             masked += self._offset
         if self.mode != "plain" and world_size > 1:

@@ -185,9 +185,20 @@ class DataConfig:
     allow_missing_languages: bool = False
     """A language of ``languages`` that the corpus lacks (in the client or evaluation split) is
     an error; ``true`` trains on the languages present and logs the missing ones."""
+    device_resident: str = "auto"
+    """Where a run's client features live while it trains (``engine/feeder.py``): ``true`` --
+    copied to the run's GPU the first time a client trains and kept there, every batch padded
+    on the device (refused at start when they cannot fit); ``false`` -- streamed from pinned
+    host memory, each block's copy issued one block ahead; ``auto`` -- resident when they take
+    at most a quarter of the GPU's free memory with the model on it (estimated from the
+    utterances' durations), streamed otherwise. A CPU run packs a client's features when it
+    trains, whatever the value. Results do not depend on it (bit for bit)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "languages", tuple(self.languages))
+        if isinstance(self.device_resident, bool):  # YAML's true/false
+            object.__setattr__(self, "device_resident", str(self.device_resident).lower())
+        _in(self.device_resident, ("auto", "true", "false"), "data.device_resident")
         if self.n_mels != 0:
             _range(self.n_mels, "data.n_mels", 8, 256, integer=True)
         _check(len(self.languages) > 0, "data.languages", "needs at least one language")

@@ -3,7 +3,8 @@
 Public API (see each module): ``make_corpus`` (corpus.py); ``load_utterances``, ``find_shards``,
 ``partition_clients``, ``partition_report``, ``format_partition_report``, ``count_clients``
 (mls.py); ``FeatureStore``, ``Example``, ``pad_examples``, ``log_mel`` (features.py);
-``normalize_text``, ``vocabulary``, ``LANGUAGES`` (vocab.py).
+``PackedExamples``, ``pack_examples`` (packed.py); ``normalize_text``, ``vocabulary``,
+``LANGUAGES`` (vocab.py).
 
 Names are imported lazily, so the corpus renderer's worker processes (and ``cluster-fl account``,
 which only counts clients) do not pay for importing torch.
@@ -20,7 +21,7 @@ _EXPORTS = {
     "partition_report": "mls", "format_partition_report": "mls", "count_clients": "mls",
     "Utterance": "mls", "Client": "mls", "CorpusWarning": "mls",
     "FeatureStore": "features", "Example": "features", "pad_examples": "features",
-    "log_mel": "features",
+    "log_mel": "features", "PackedExamples": "packed", "pack_examples": "packed",
     "normalize_text": "vocab", "vocabulary": "vocab", "LANGUAGES": "vocab",
 }
 __all__ = sorted(_EXPORTS)

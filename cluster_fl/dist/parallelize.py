@@ -143,7 +143,7 @@ class Placement:
         count (so every member holds the gradient of the whole batch's mean loss)."""
         if not self.sharded:
             step = model.prepare(batch, self.buckets)
-            loss = self.row_losses(model, step).sum() / max(int(step.n_tokens.sum()), 1)
+            loss = self.row_losses(model, step).sum() / max(step.token_count, 1)
             loss.backward()
             return loss.detach()
         part, real = _member_slice(batch, self.layout.member, self.layout.group_size)
@@ -174,7 +174,7 @@ def _member_slice(batch: Mapping[str, Any], member: int, size: int) -> tuple[dic
     out: dict[str, Any] = {}
     for key, value in batch.items():
         if torch.is_tensor(value) and value.dim() > 0 and value.shape[0] == n:
-            out[key] = value.index_select(0, index)
+            out[key] = value.index_select(0, index.to(value.device))
         elif isinstance(value, (list, tuple)) and len(value) == n:
             out[key] = [value[i] for i in rows]
         else:

@@ -25,7 +25,9 @@ from typing import Any, Iterator, Mapping, Sequence
 import torch
 
 from cluster_fl.models.lora import stacked_trainables
+from cluster_fl.models.speech_llm import host_list
 from cluster_fl.seeding import derive_seed, generator
+from cluster_fl.transfer import to_device
 
 _BETAS = (0.9, 0.999)  # torch.optim.AdamW's defaults, as the one-client path uses
 _EPS = 1e-8
@@ -73,22 +75,38 @@ def gather_rows(parts: Mapping[int, Mapping[str, Any]], learners: Sequence[int],
                 rows: int) -> tuple[dict[str, Any], list[bool]]:
     """One padded batch of the learners' batches, ``rows`` rows each (learner-major), and which
     rows are real: a learner with a short batch is filled up with copies of its first row,
-    which weigh nothing in its loss (rows never interact in the model)."""
-    order: list[Row] = []
+    which weigh nothing in its loss (rows never interact in the model). The features stay on
+    their device (two ops a learner); the lengths are read on the host."""
     real: list[bool] = []
+    lengths: list[int] = []
     for j in learners:
         n = len(parts[j]["texts"])
-        order += [(j, i) for i in range(n)] + [(j, 0)] * (rows - n)
+        own = host_list(parts[j]["lengths"])
+        lengths += own + [own[0]] * (rows - n)
         real += [True] * n + [False] * (rows - n)
-    lengths = torch.stack([parts[j]["lengths"][i] for j, i in order])
-    t_max = int(lengths.max())
+    t_max = max(lengths)
     feats = []
-    for j, i in order:
-        f = parts[j]["features"][i, :, :t_max]
-        feats.append(torch.nn.functional.pad(f, (0, t_max - f.shape[-1])))
-    return ({"features": torch.stack(feats), "lengths": lengths,
-             "texts": [parts[j]["texts"][i] for j, i in order],
-             "languages": [parts[j]["languages"][i] for j, i in order]}, real)
+    for j in learners:
+        f = parts[j]["features"][..., :t_max]
+        f = torch.nn.functional.pad(f, (0, t_max - f.shape[-1]))
+        n = f.shape[0]
+        feats.append(f if n == rows else torch.cat([f, f[:1].expand(rows - n, -1, -1)]))
+    return ({"features": torch.cat(feats), "lengths": torch.tensor(lengths, dtype=torch.int64),
+             "texts": [t for j in learners for t in _filled(parts[j]["texts"], rows)],
+             "languages": [g for j in learners for g in _filled(parts[j]["languages"], rows)]},
+            real)
+
+
+def _filled(values: Sequence[Any], rows: int) -> list[Any]:
+    """``values`` filled up to ``rows`` with copies of the first."""
+    return list(values) + [values[0]] * (rows - len(values))
+
+
+def _on_device(values: Sequence[float | int | bool], dtype: torch.dtype,
+               device: torch.device) -> torch.Tensor:
+    """A small tensor of host values on ``device`` without a wait (``torch.tensor(...,
+    device=cuda)`` would be a blocking copy)."""
+    return to_device(torch.tensor(values, dtype=dtype), device)
 
 
 @dataclass
@@ -175,25 +193,24 @@ def train_block(runner: Any, block: Sequence[tuple[int, Sequence[object]]],
         for learners in learner_passes(active, rows, runner.rows_per_pass):
             batch, real = gather_rows(parts, learners, rows)
             owners = [j for j in learners for _ in range(rows)]
-            weight = torch.tensor([1.0 / n_tok[j] if r else 0.0 for j, r in zip(owners, real)])
-            if len(learners) == k:
-                mine = stacks
-            else:
-                index = torch.tensor(learners, device=dev)
-                mine = {name: t.index_select(0, index) for name, t in stacks.items()}
+            # made on the host, copied without a wait: the rows' weights, the learners' index
+            weight = _on_device([1.0 / n_tok[j] if r else 0.0 for j, r in zip(owners, real)],
+                                torch.float32, dev)
+            index = _on_device(learners, torch.int64, dev)
+            mine = (stacks if len(learners) == k else
+                    {name: t.index_select(0, index) for name, t in stacks.items()})
             step = model.prepare(batch, placement.buckets)
             with stacked_trainables(model, mine):
                 sums = placement.row_losses(model, step)
-                client_loss = (sums * weight.to(sums)).view(len(learners), rows).sum(1)
+                client_loss = (sums * weight.to(sums.dtype)).view(len(learners), rows).sum(1)
                 client_loss.sum().backward()
-            loss_sum.index_add_(0, torch.tensor(learners, device=dev),
-                                client_loss.detach().double())
-        on = torch.tensor([j in parts for j in range(k)], device=dev)
+            loss_sum.index_add_(0, index, client_loss.detach().double())
+        on = _on_device([j in parts for j in range(k)], torch.bool, dev)
         if ccfg.max_grad_norm > 0:
             _clip_per_client([t for t in stacks.values() if t.grad is not None],
                              ccfg.max_grad_norm)
-        lr = torch.tensor([lr_at(steps[j], totals[j], fl.lr, ccfg.warmup_steps) if j in parts
-                           else 0.0 for j in range(k)], dtype=torch.float64, device=dev)
+        lr = _on_device([lr_at(steps[j], totals[j], fl.lr, ccfg.warmup_steps) if j in parts
+                         else 0.0 for j in range(k)], torch.float64, dev)
         opt.step(lr, on)
         for j in active:
             steps[j] += 1

@@ -33,6 +33,7 @@ from cluster_fl.dist.comm import Comm
 from cluster_fl.dist.parallelize import LaneLayout
 from cluster_fl.engine import cohort as cohort_mod
 from cluster_fl.engine.client import ClientRunner, ClientUpdate, HeapTrimmer
+from cluster_fl.engine.feeder import ClientFeeder
 from cluster_fl.engine.recorder import ChannelRecorder
 from cluster_fl.engine.rundir import run_id
 from cluster_fl.engine.server import ServerOptimizer
@@ -85,7 +86,8 @@ class RoundEngine:
     def __init__(self, cfg: Config, comm: Comm, runner: ClientRunner, groups: Sequence[GroupSpec],
                  clients: Sequence[ClientData], policy: ClipPolicy | None, noise: NoiseSource,
                  server: ServerOptimizer, recorder: ChannelRecorder | None = None,
-                 layout: LaneLayout | None = None, device: torch.device | str = "cpu"):
+                 layout: LaneLayout | None = None, device: torch.device | str = "cpu",
+                 feeder: ClientFeeder | None = None):
         self.cfg = cfg
         self.comm = comm
         # client lanes: world/G lanes of G ranks; the cohort is sharded over lanes, and a lane's
@@ -95,6 +97,8 @@ class RoundEngine:
         self.runner = runner
         self.groups = list(groups)
         self.clients = list(clients)
+        # how a block's client features reach the device (None: each client's load(), as is)
+        self.feeder = feeder
         self.policy = policy
         self.noise = noise
         self.private = cfg.privacy.mechanism == "gaussian"
@@ -188,19 +192,17 @@ class RoundEngine:
         summer = self.summer
         stat_size = self.clip_policy.statistic_size if self.private else 0
         self._local = {"trained": 0, "nonfinite": 0, "skipped": 0}
-        # a lane's members train each client together; its leader speaks for the lane
-        contribute = summer.add_many if self.layout.leader else (lambda contributions: None)
-        for block in mine:
-            loaded = [(index, self.clients[index].load()) for index in block]
+        feed = (self.feeder.blocks(self.clients, mine) if self.feeder is not None else
+                ([(index, self.clients[index].load()) for index in block] for block in mine))
+        for loaded in feed:
             for index, items in loaded:
                 if not items:  # no usable audio (none, or every row corrupt): skipped, counted
                     self._local["skipped"] += 1
                     if self.diag.size:
-                        contribute([{"diag": self.diag.skipped()}])
+                        self._add([{"diag": self.diag.skipped()}])
             usable = [(index, items) for index, items in loaded if items]
-            if usable:  # a block's updates are clipped and added together (one host read each)
-                self._contribute(round_, list(self.runner.train_cohort(usable, state, round_)),
-                                 contribute)
+            if usable:  # a block's updates are clipped and added together (one host read)
+                self.contribute(round_, list(self.runner.train_cohort(usable, state, round_)))
                 self.trimmer.after_client()
             del loaded, usable
         if self.comm.rank == 0:  # the noise step, BEFORE the sum: no rank gets the clean total
@@ -227,12 +229,20 @@ class RoundEngine:
                         wall_s=time.perf_counter() - t0)
         return RoundOutput(state=new_state, row=row, operator=operator)
 
-    def _contribute(self, round_: int, upds: Sequence[ClientUpdate], contribute) -> None:
-        """Clip a block's updates (DP) and add them, their statistics and diagnostics to the
-        sum: the block's norms are read back once, its contributions encoded together."""
+    def _add(self, contributions: Sequence[Mapping[str, Any]]) -> None:
+        """Contributions into this rank's secure sum (a lane's leader speaks for the lane),
+        range-checked on the device: a failure is raised by the round's reduce."""
+        if self.layout.leader:
+            self.summer.add_many(contributions, defer_check=True)
+
+    def contribute(self, round_: int, upds: Sequence[ClientUpdate]) -> None:
+        """A block's tail: clip its updates (DP) and add them, their statistics and diagnostics
+        to the sum. The block's norms are read back once -- the tail's one host
+        synchronisation (tests/engine/test_host_syncs.py) -- its contributions encoded
+        together on the device."""
         results: Sequence[ClipResult | Measured] = (
             self.clip_policy.clip_many([u.delta for u in upds]) if self.private
-            else [self.diag.measure(u.delta, NONPRIVATE_BOUND) for u in upds])
+            else self.diag.measure_many([u.delta for u in upds], NONPRIVATE_BOUND))
         contributions = []
         for upd, res in zip(upds, results):
             self._local["trained"] += 1
@@ -249,7 +259,7 @@ class RoundEngine:
             contributions.append(values)
             if self.recorder is not None and self.layout.leader:
                 self.recorder.upload(round_, self.clients[upd.client], res, upd)
-        contribute(contributions)
+        self._add(contributions)
 
     def _noise_stds(self, fields: Mapping[str, Any]) -> dict[str, float]:
         """Std of the Gaussian noise each summed field gets (0 = released exactly)."""

@@ -41,6 +41,8 @@ _TEMP = re.compile(r"^\..+\.tmp-?\d+$")
 RESUME_TOLERATED = {("run", "out"), ("run", "threads"), ("run", "timeout_s"),
                     ("run", "wait_timeout_s"), ("run", "device"),
                     ("data", "allow_missing_languages"),
+                    # where the client features live while training: speed, not results
+                    ("data", "device_resident"),
                     # how a lane is laid out changes memory, not results (within float tolerance)
                     ("model", "activation_checkpointing"), ("model", "shard"),
                     ("model", "shard_group_size"),

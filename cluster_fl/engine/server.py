@@ -12,6 +12,7 @@ from typing import Any, Mapping
 import torch
 
 from cluster_fl.config import AggregationConfig
+from cluster_fl.transfer import to_device_together
 
 
 class ServerOptimizer:
@@ -27,10 +28,17 @@ class ServerOptimizer:
         kind = self.cfg.server_optimizer
         self.state["t"] += 1
         out = {}
+        # the noised mean arrives on the communicator's side (CPU); the state lives on the
+        # model's device, and so does the optimiser state (a resumed one comes from CPU). The
+        # mean crosses in one copy per device, without making the host wait
+        names = list(params)
+        moved: dict[str, torch.Tensor] = {}
+        for dev in dict.fromkeys(params[n].device for n in names):
+            mine = [n for n in names if params[n].device == dev]
+            flat = to_device_together([mean_update[n] for n in mine], dev)
+            moved.update({n: t.reshape(mean_update[n].shape) for n, t in zip(mine, flat)})
         for name, p in params.items():
-            # the noised mean arrives on the communicator's side (CPU); the state lives on the
-            # model's device, and so does the optimiser state (a resumed one comes from CPU)
-            u = mean_update[name].to(device=p.device, dtype=torch.float64)
+            u = moved[name].to(dtype=torch.float64)
             for key in ("m", "v"):
                 if name in self.state[key]:
                     self.state[key][name] = self.state[key][name].to(p.device)

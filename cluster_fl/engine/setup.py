@@ -20,6 +20,7 @@ from cluster_fl.dist.parallelize import LaneLayout, Placement, parallelize, reso
 from cluster_fl.engine.client import ClientRunner
 from cluster_fl.engine.cohort import sampling_rate
 from cluster_fl.engine.evaluation import ShardedEvaluation
+from cluster_fl.engine.feeder import ClientFeeder
 from cluster_fl.engine.ledger import RunLedger
 from cluster_fl.engine.recorder import ChannelRecorder
 from cluster_fl.engine.round import ClientData, RoundEngine
@@ -74,17 +75,28 @@ def make_batches(examples: Sequence[Any], batch_size: int, g: torch.Generator) -
     into batches, which are shuffled in turn: a batch pads to about its own utterances' length
     instead of to the longest of a random draw (on the study's clients that padding was ~20% of
     the encoder's work), while the shuffle still varies which utterances of a bin share a batch
-    and the order of the batches. The number of batches is the unsorted pass's."""
-    from cluster_fl.data import pad_examples
+    and the order of the batches. The number of batches is the unsorted pass's.
 
-    items = examples.load() if isinstance(examples, LazyExamples) else list(examples)
-    order = torch.randperm(len(items), generator=g).tolist()
-    order.sort(key=lambda i: items[i].features.shape[-1] // LENGTH_BIN)
+    ``examples`` packed (:class:`~cluster_fl.data.packed.PackedExamples`, what the run's
+    :class:`~cluster_fl.engine.feeder.ClientFeeder` hands over) are padded where they live, a
+    GPU included; a list of examples is packed on the host first. Either way the batch is
+    :func:`~cluster_fl.data.pad_examples`' bit for bit, its lengths on the host."""
+    from cluster_fl.data.packed import PackedExamples, pack_examples
+
+    items: PackedExamples
+    if isinstance(examples, PackedExamples):
+        items = examples
+    else:
+        listed = examples.load() if isinstance(examples, LazyExamples) else list(examples)
+        if not listed:
+            return
+        items = pack_examples(listed)
+    # the generator is the host's: .numpy() reads its draws without a device in between
+    order = torch.randperm(len(items), generator=g).numpy().tolist()
+    order.sort(key=lambda i: items.lengths[i] // LENGTH_BIN)
     chunks = [order[start:start + batch_size] for start in range(0, len(order), batch_size)]
-    for c in torch.randperm(len(chunks), generator=g).tolist():
-        b = pad_examples([items[i] for i in chunks[c]])
-        yield {"features": b["features"], "lengths": b["lengths"],
-               "texts": b["transcripts"], "languages": b["languages"]}
+    for c in torch.randperm(len(chunks), generator=g).numpy().tolist():
+        yield items.batch(chunks[c])
 
 
 class Stateful(Protocol):
@@ -263,8 +275,11 @@ def build_world(cfg: Config, comm: Comm, log: Callable[[str], None]) -> World:
     noise = noise_for(cfg.privacy, cfg.seed)
     server = ServerOptimizer(cfg.aggregation)
     recorder = ChannelRecorder(run_dir(cfg), comm.rank) if cfg.audit.record_channels else None
+    # with the model on the device: data.device_resident=auto weighs the features against
+    # the memory left
+    feeder = ClientFeeder.for_run(cfg.data.device_resident, device, clients, cfg.data.n_mels)
     engine = RoundEngine(cfg, comm, runner, groups, clients, policy, noise, server, recorder,
-                         layout=layout, device=device)
+                         layout=layout, device=device, feeder=feeder)
     e = cfg.eval
     evaluation = ShardedEvaluation(store, eval_utts, layout, e.batch_size, e.max_new_tokens,
                                    e.bootstrap, cfg.seed)
@@ -273,7 +288,7 @@ def build_world(cfg: Config, comm: Comm, log: Callable[[str], None]) -> World:
     if comm.rank == 0:
         log(f"{population} clients, q={q:.3f}, {len(groups)} trainable groups "
             f"({sum(g.numel for g in groups):,} parameters), {comm.world_size} rank(s) in "
-            f"{layout.lanes} lane(s) of {layout.group_size}, {device}, base "
+            f"{layout.lanes} lane(s) of {layout.group_size}, {device}{feeder.describe()}, base "
             f"{str(placement.dtype).removeprefix('torch.')}"
             f"{' (compiled step)' if placement.compiled_layers else ''}, "
             + (f"DP {cfg.privacy.clipping} C={cfg.privacy.clip_norm} "

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from cluster_fl.models.tokenizer import Tokenizer
+from cluster_fl.transfer import to_device
 
 IGNORE = -100
 
@@ -55,17 +56,21 @@ class Buckets:
         return -(-n // quantum) * quantum
 
 
+def host_list(t: torch.Tensor) -> list:
+    """The values of a tensor the host made (a batch's lengths, a step's token counts) as Python
+    numbers, read through numpy: nothing waits for a device. A device tensor is read back as
+    well, but that is a host synchronisation (tests/gpu/test_sync_free.py counts them)."""
+    return t.numpy().tolist() if t.device.type == "cpu" else t.tolist()
+
+
 def _move(obj: Any, device: torch.device) -> Any:
     """A dataclass of tensors (nested) with every tensor on ``device``: from pinned host memory
     to a GPU, so the copies are asynchronous (the host never waits for the device)."""
     changes = {}
-    pin = device.type == "cuda"
     for f in dataclasses.fields(obj):
         v = getattr(obj, f.name)
         if isinstance(v, torch.Tensor):
-            if pin and v.device.type == "cpu":
-                v = v.pin_memory()
-            changes[f.name] = v.to(device, non_blocking=True)
+            changes[f.name] = to_device(v, device)
         elif dataclasses.is_dataclass(v):
             changes[f.name] = _move(v, device)
     return dataclasses.replace(obj, **changes)
@@ -107,6 +112,11 @@ class StepInputs:
     @property
     def rows(self) -> int:
         return self.ids.shape[0]
+
+    @property
+    def token_count(self) -> int:
+        """Transcript targets in the step (the divisor of its mean loss), from the host."""
+        return sum(host_list(self.n_tokens))
 
     def to(self, device: torch.device) -> "StepInputs":
         """The same inputs on ``device`` (non-blocking copies; pinned host memory makes them
@@ -306,7 +316,7 @@ class SpeechLLM(nn.Module):
         """Mean cross-entropy over transcript tokens (+ ``ctc_weight`` x CTC) and the token count."""
         batch = as_batch(batch)
         step = self.prepare(batch)
-        n_tokens = int(step.n_tokens.sum())
+        n_tokens = step.token_count
         loss = self.row_loss_sums(step).sum() / max(n_tokens, 1)
         if ctc_weight > 0.0 and self.ctc_head is not None:
             dev = self.device
@@ -355,7 +365,7 @@ class SpeechLLM(nn.Module):
             feats = nn.functional.pad(feats, (0, frames - feats.shape[-1]))
         k = self.connector.stack
         slots = ((frames - 1) // 2 + 1 + k - 1) // k  # audio tokens of the padded features
-        n_audio = self.audio_token_counts(lengths.tolist())
+        n_audio = self.audio_token_counts(host_list(lengths))
         prompts = [tok.prompt_ids(lang) for lang in batch.languages]
         bodies = [tok.encode(text) for text in batch.texts]
         layout = _decoder_layout(n_audio, slots, prompts, bodies, tok.pad_id, tok.eos_id, buckets)
@@ -443,10 +453,11 @@ class SpeechLLM(nn.Module):
     def text_loss(self, texts: Sequence[str], languages: Sequence[str | None]) -> torch.Tensor:
         """The decoder alone as a language model: mean cross-entropy of ``[prompt | text]`` with no
         audio tokens (a text-pretrained LLM's objective; the encoder and connector do not run)."""
-        step = self.prepare_text(texts, languages).to(self.device)
+        host = self.prepare_text(texts, languages)
+        step = host.to(self.device)
         table = self.decoder.get_input_embeddings().weight
         none = torch.zeros(len(texts), 0, table.shape[1], dtype=table.dtype, device=self.device)
-        return self._transcript_loss_sums(none, step).sum() / max(int(step.n_tokens.sum()), 1)
+        return self._transcript_loss_sums(none, step).sum() / max(host.token_count, 1)
 
     @torch.no_grad()
     def ctc_transcribe(self, batch: Batch | Mapping[str, Any]) -> list[str]:

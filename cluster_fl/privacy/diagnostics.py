@@ -103,13 +103,26 @@ class Diagnostics:
 
     def measure(self, delta: Mapping[str, torch.Tensor], max_abs: float = math.inf) -> Measured:
         """Norms of an update that is not clipped (mechanism ``none``); non-finite → zero."""
-        # every norm and peak read back in one transfer (one host sync per client, not two
-        # per tensor)
+        return self.measure_many([delta], max_abs)[0]
+
+    def measure_many(self, deltas: Sequence[Mapping[str, torch.Tensor]],
+                     max_abs: float = math.inf) -> list[Measured]:
+        """:meth:`measure` of a block's updates: every norm and peak of every client read back
+        in one transfer (one host synchronisation per block, not two per tensor)."""
+        parts = [torch.stack([delta[k].double().norm(),
+                              delta[k].double().abs().max() if delta[k].numel()
+                              else delta[k].new_zeros((), dtype=torch.float64)])
+                 for delta in deltas for k in delta]
+        stats = torch.stack(parts).tolist() if parts else []
+        out, at = [], 0
+        for delta in deltas:
+            mine, at = stats[at:at + len(delta)], at + len(delta)
+            out.append(self._measured(delta, mine, max_abs))
+        return out
+
+    def _measured(self, delta: Mapping[str, torch.Tensor], stats: Sequence[Sequence[float]],
+                  max_abs: float) -> Measured:
         names = list(delta)
-        stats = (torch.stack([torch.stack([delta[k].double().norm(),
-                                           delta[k].double().abs().max() if delta[k].numel()
-                                           else delta[k].new_zeros((), dtype=torch.float64)])
-                              for k in names]).tolist() if names else [])
         norms = {k: n for k, (n, _) in zip(names, stats)}
         total = math.sqrt(sum(n * n for n in norms.values()))
         biggest = max((top for k, (_, top) in zip(names, stats) if delta[k].numel()), default=0.0)

@@ -251,7 +251,8 @@ def test_batched_resume_equals_the_uninterrupted_run_bit_for_bit(tiny_corpus, ba
     cfg = tiny_config(tiny_corpus, tmp_path, *BATCHED)
     config_file = tmp_path / "config.yaml"
     config_file.write_text(dump_config(cfg))
-    env = {**__import__("os").environ, "PYTHONPATH": str(HERE)}
+    env = dict(__import__("os").environ)  # keeps a PYTHONPATH naming the tree under test
+    env["PYTHONPATH"] = __import__("os").pathsep.join([str(HERE), env.get("PYTHONPATH", "")])
     proc = subprocess.Popen([sys.executable, str(HERE / "stop_after.py"), "1", "train",
                              str(config_file)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env)

@@ -94,9 +94,9 @@ MUTANTS: list[Mutant] = [
            (P + "test_adaptive.py", E + "test_resume.py"),
            "a resumed run forgets the EMA of the adaptive weights: not the uninterrupted run"),
     Mutant("batched-divisor-block-max", "cluster_fl/engine/batched.py",
-           (("weight = torch.tensor([1.0 / n_tok[j] if r else 0.0 for j, r in zip(owners, real)])",
-             "weight = torch.tensor([1.0 / max(n_tok.values()) if r else 0.0 "
-             "for j, r in zip(owners, real)])"),),
+           (("weight = _on_device([1.0 / n_tok[j] if r else 0.0 for j, r in zip(owners, real)],",
+             "weight = _on_device([1.0 / max(n_tok.values()) if r else 0.0 "
+             "for j, r in zip(owners, real)],"),),
            (E + "test_batched.py::test_each_client_in_a_block_gets_its_one_client_update",),
            "a client's loss in a block divided by the block's largest token count, not its own"),
     Mutant("eval-gather-order", "cluster_fl/engine/evaluation.py",
@@ -141,4 +141,15 @@ MUTANTS: list[Mutant] = [
              "self._acc[self.numel + self._index[name]] += 1"),),
            (P + "test_host_reads.py::test_a_block_adds_the_same_integers_as_its_clients_one_by_one",),
            "a block of K contributions counted as one in the secure sum's counters"),
+    Mutant("deferred-check-adds-a-failing-call", "cluster_fl/secure_sum.py",
+           (("        return (~bad.any()).to(torch.int64)",
+             "        return torch.ones((), dtype=torch.int64, device=dev)"),),
+           (P + "test_host_reads.py::test_a_deferred_range_check_reads_nothing_adds_nothing_and_"
+            "fails_the_reduce",),
+           "the engine's on-device range check adds a contribution beyond its bound anyway"),
+    Mutant("deferred-check-forgets-the-failure", "cluster_fl/secure_sum.py",
+           (('        faults.scatter_reduce_(0, where, worst, "amax")', "        pass"),),
+           (P + "test_host_reads.py::test_a_deferred_range_check_reads_nothing_adds_nothing_and_"
+            "fails_the_reduce",),
+           "a contribution beyond its bound is dropped silently: the round's reduce never fails"),
 ]
