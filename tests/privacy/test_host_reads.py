@@ -13,6 +13,8 @@ import pytest
 import torch
 from hypothesis import given, settings
 
+from host_reads import HostReads
+
 from cluster_fl.config import PrivacyConfig
 from cluster_fl.groups import GroupSpec
 from cluster_fl.privacy.clipping import make_policy, norm_parts, safe_norm
@@ -49,22 +51,6 @@ def test_norm_parts_equals_the_per_tensor_norm_bitwise(rows, dtype):
         assert safe_norm(t) == n or (math.isnan(n) and math.isnan(safe_norm(t)))
 
 
-class _Reads:
-    """Counts Tensor -> host conversions (tolist, item, float, bool, int) while active."""
-
-    NAMES = ("tolist", "item", "__float__", "__bool__", "__int__", "__index__")
-
-    def __init__(self, monkeypatch):
-        self.n = 0
-        for name in self.NAMES:
-            orig = getattr(torch.Tensor, name)
-
-            def wrapped(t, *a, _orig=orig, **k):
-                self.n += 1
-                return _orig(t, *a, **k)
-            monkeypatch.setattr(torch.Tensor, name, wrapped)
-
-
 def _groups(n: int) -> list[GroupSpec]:
     comps = ["encoder", "connector", "decoder"]
     return [GroupSpec(f"g{i}", comps[i % 3], 12, (3, 4)) for i in range(n)]
@@ -77,7 +63,7 @@ def test_clip_reads_back_once_per_client(monkeypatch, method):
     g = torch.Generator().manual_seed(0)
     update = {s.name: torch.randn(3, 4, generator=g) for s in groups}
     expected = policy.clip(update)
-    reads = _Reads(monkeypatch)
+    reads = HostReads(monkeypatch)
     res = policy.clip(update)
     assert reads.n == 1
     assert res.group_norms == expected.group_norms
@@ -90,7 +76,7 @@ def test_clip_of_a_nonfinite_update_still_zeroes_it_after_one_read(monkeypatch):
     policy = make_policy(PrivacyConfig(clipping="flat", clip_norm=1.0), groups)
     update = {s.name: torch.ones(3, 4) for s in groups}
     update["g4"][1, 2] = float("nan")
-    reads = _Reads(monkeypatch)
+    reads = HostReads(monkeypatch)
     res = policy.clip(update)
     assert reads.n == 1 and res.nonfinite
     assert all(float(v.abs().sum()) == 0.0 for v in res.update.values())
@@ -104,7 +90,7 @@ def _summer() -> SecureSummer:
 def test_secure_sum_add_reads_back_once_per_device(monkeypatch):
     summer = _summer()
     values = {"u": torch.full((3, 4), 0.25), "w": torch.zeros(5), "stat": torch.tensor([0.5, -1])}
-    reads = _Reads(monkeypatch)
+    reads = HostReads(monkeypatch)
     summer.add(values)
     assert reads.n == 1
 
@@ -126,7 +112,7 @@ def test_nonprivate_measure_reads_back_once(monkeypatch):
     groups = _groups(9)
     diag = Diagnostics(groups, None, PrivacyConfig(mechanism="none", diagnostics="exact"))
     delta = {s.name: torch.full((3, 4), 0.5) for s in groups}
-    reads = _Reads(monkeypatch)
+    reads = HostReads(monkeypatch)
     out = diag.measure(delta, max_abs=10.0)
     assert reads.n == 1
     assert out.group_norms["g0"] == pytest.approx(math.sqrt(12 * 0.25), rel=0, abs=1e-15)
@@ -144,7 +130,7 @@ def test_a_block_is_clipped_as_its_clients_one_by_one_with_one_read(monkeypatch,
              for scale in (0.01, 0.3, 5.0, 1e3)]
     block[2]["g7"][0, 0] = float("inf")  # one non-finite client among them
     alone = [policy.clip(u) for u in block]
-    reads = _Reads(monkeypatch)
+    reads = HostReads(monkeypatch)
     together = policy.clip_many(block)
     assert reads.n == 1
     for a, b in zip(alone, together):
@@ -161,7 +147,7 @@ def test_a_block_adds_the_same_integers_as_its_clients_one_by_one(monkeypatch):
     one, many = _summer(), _summer()
     for values in block:
         one.add(values)
-    reads = _Reads(monkeypatch)
+    reads = HostReads(monkeypatch)
     many.add_many(block)
     assert reads.n == 1
     assert torch.equal(one._acc, many._acc)  # the int64 buffer, counters included
