@@ -141,4 +141,14 @@ MUTANTS: list[Mutant] = [
              "self._acc[self.numel + self._index[name]] += 1"),),
            (P + "test_host_reads.py::test_a_block_adds_the_same_integers_as_its_clients_one_by_one",),
            "a block of K contributions counted as one in the secure sum's counters"),
+    Mutant("decode-static-hides-own-slot", "cluster_fl/models/decoding.py",
+           (("(slot[None, None, :] <= slot[None, :, None])",
+             "(slot[None, None, :] < slot[None, :, None])"),),
+           ("tests/models/test_decoding.py::test_static_equals_dynamic_token_for_token",),
+           "the static cache's step does not attend to its own token: other transcripts"),
+    Mutant("decode-static-reads-every-token", "cluster_fl/models/decoding.py",
+           (("((t + 1) % SYNC_EVERY == 0 and bool(done.all()))", "bool(done.all())"),),
+           ("tests/models/test_decoding.py::"
+            "test_static_decode_reads_the_device_every_sync_every_tokens",),
+           "the static path syncs with the host every token (a GPU stall per token) again"),
 ]
