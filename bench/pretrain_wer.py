@@ -39,7 +39,8 @@ def extra_scores(cfg, checkpoint: str, store, public: list) -> dict[str, float]:
             "test_speakers_wer": store.split("test", languages=list(cfg.data.languages))}
     model = load_checkpoint(checkpoint).eval()
     return {key: round(evaluate(model, examples, batch_size=cfg.eval.batch_size,
-                                max_new_tokens=cfg.eval.max_new_tokens, bootstrap=0)[0]["wer"], 4)
+                                max_new_tokens=cfg.eval.max_new_tokens, bootstrap=0,
+                                decode_cache=cfg.eval.decode_cache)[0]["wer"], 4)
             for key, examples in sets.items() if examples}
 
 

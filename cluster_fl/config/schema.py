@@ -33,6 +33,7 @@ CLIPPING_METHODS = (
 INSIDE_POOL_RULES = ("size", "uniform", "flat", "ema")
 GROUPINGS = ("matrix", "layer")
 COMPONENTS = ("encoder", "connector", "decoder")
+DECODE_CACHES = ("auto", "static", "dynamic")
 
 
 class ConfigError(UserError, ValueError):
@@ -426,6 +427,11 @@ class EvalConfig:
     """Decoding batch size."""
     max_new_tokens: int = 64
     """Greedy decoding length limit (tokens)."""
+    decode_cache: str = "auto"
+    """Greedy decoding's KV cache: ``static`` (cache, masks and token buffer allocated once, the
+    host checks for the end every 8 tokens: on a GPU each check is a synchronisation), ``dynamic``
+    (Hugging Face's growing cache, a check every token) or ``auto`` (static on a GPU; on a CPU
+    the faster of the two, measured by ``bench/decode_bench.py``). Both give the same tokens."""
     bootstrap: int = 1000
     """Speaker-clustered bootstrap resamples for the 95% CI."""
 
@@ -434,6 +440,7 @@ class EvalConfig:
         _range(self.max_utterances, "eval.max_utterances", 0, None, integer=True)
         _range(self.batch_size, "eval.batch_size", 1, None, integer=True)
         _range(self.max_new_tokens, "eval.max_new_tokens", 1, None, integer=True)
+        _in(self.decode_cache, DECODE_CACHES, "eval.decode_cache")
         _range(self.bootstrap, "eval.bootstrap", 0, None, integer=True)
 
 

@@ -42,9 +42,11 @@ class ShardedEvaluation:
     """The run's evaluation set (metadata) and how this rank takes part in decoding it."""
 
     def __init__(self, store: Any, utterances: Sequence[Any], layout: LaneLayout,
-                 batch_size: int, max_new_tokens: int, bootstrap: int, seed: int):
+                 batch_size: int, max_new_tokens: int, bootstrap: int, seed: int, *,
+                 decode_cache: str = "auto"):
         self.store, self.utterances, self.layout = store, list(utterances), layout
         self.batch_size, self.max_new_tokens = batch_size, max_new_tokens
+        self.decode_cache = decode_cache  # eval.decode_cache: speed only, the same rows
         self.bootstrap, self.seed = bootstrap, seed
 
     def my_batches(self) -> list[list[int]]:
@@ -66,7 +68,8 @@ class ShardedEvaluation:
                 continue
             with placement.compute():
                 hyps = transcribe(model, items, batch_size=len(items),
-                                  max_new_tokens=self.max_new_tokens)
+                                  max_new_tokens=self.max_new_tokens,
+                                  decode_cache=self.decode_cache)
             out.extend(zip(idx, score_rows(items, hyps)))
         return out
 

@@ -50,7 +50,9 @@ RESUME_TOLERATED = {("run", "out"), ("run", "threads"), ("run", "timeout_s"),
                     # float tolerance)
                     ("fl", "clients_per_step"), ("fl", "rows_per_pass"),
                     # a compiled step: speed, not results (within float tolerance)
-                    ("model", "compile")}
+                    ("model", "compile"),
+                    # decoding's KV cache: speed, not results (the same tokens, bitwise)
+                    ("eval", "decode_cache")}
 # keys that do not enter the run id
 _BOOKKEEPING = RESUME_TOLERATED | {("run", "experiment"), ("run", "run_id"),
                                    ("run", "checkpoint_every")}

@@ -282,7 +282,7 @@ def build_world(cfg: Config, comm: Comm, log: Callable[[str], None]) -> World:
                          layout=layout, device=device, feeder=feeder)
     e = cfg.eval
     evaluation = ShardedEvaluation(store, eval_utts, layout, e.batch_size, e.max_new_tokens,
-                                   e.bootstrap, cfg.seed)
+                                   e.bootstrap, cfg.seed, decode_cache=e.decode_cache)
     ledger = RunLedger(ledger_for(cfg, population), policy,
                        record_channels=cfg.audit.record_channels)
     if comm.rank == 0:

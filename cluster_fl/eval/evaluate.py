@@ -12,7 +12,8 @@ import torch
 
 from cluster_fl.data.vocab import normalize_text  # one normalisation for transcripts and WER
 from cluster_fl.eval.metrics import error_counts, summarize
-from cluster_fl.models.speech_llm import SpeechLLM, collate, greedy_decode
+from cluster_fl.models.decoding import greedy_decode
+from cluster_fl.models.speech_llm import SpeechLLM, collate
 
 EVAL_COLUMNS = ("utt_id", "speaker", "language", "ref", "hyp", "word_errors", "ref_words",
                 "char_errors", "ref_chars")
@@ -28,11 +29,13 @@ def _field(item: Any, *names: str) -> Any:
 
 
 def transcribe(model: SpeechLLM, utterances: Sequence[Any], batch_size: int = 32,
-               max_new_tokens: int = 64, ctc: bool = False) -> list[str]:
+               max_new_tokens: int = 64, ctc: bool = False, decode_cache: str = "auto"
+               ) -> list[str]:
     """Greedy hypotheses for items with ``features`` / ``transcript`` / ``language``, in order.
 
     Items are batched by length (less padding); results come back in input order. ``ctc``:
     the encoder's CTC head transcribes instead of the decoder (an encoder-only yardstick).
+    ``decode_cache``: the decoder's KV cache (``eval.decode_cache``; the same hypotheses).
     """
     order = sorted(range(len(utterances)),
                    key=lambda i: _field(utterances[i], "features").shape[-1])
@@ -45,18 +48,19 @@ def transcribe(model: SpeechLLM, utterances: Sequence[Any], batch_size: int = 32
                         [_field(u, "transcript", "text") for u in items],
                         [_field(u, "language") for u in items])
         out = (model.ctc_transcribe(batch) if ctc
-               else greedy_decode(model, batch, max_new_tokens))
+               else greedy_decode(model, batch, max_new_tokens, cache=decode_cache))
         for i, h in zip(chunk, out):
             hyps[i] = h
     return hyps
 
 
 def evaluate(model: SpeechLLM, utterances: Sequence[Any], batch_size: int = 32,
-             max_new_tokens: int = 64, bootstrap: int = 1000, seed: int = 0, ctc: bool = False
-             ) -> tuple[dict[str, float], list[dict[str, Any]]]:
+             max_new_tokens: int = 64, bootstrap: int = 1000, seed: int = 0, ctc: bool = False,
+             decode_cache: str = "auto") -> tuple[dict[str, float], list[dict[str, Any]]]:
     """(summary, rows): pooled / per-language WER and CER with speaker-bootstrap CIs, and one
-    row per utterance in the ``eval.parquet`` layout (``ctc``: see :func:`transcribe`)."""
-    hyps = transcribe(model, utterances, batch_size, max_new_tokens, ctc)
+    row per utterance in the ``eval.parquet`` layout (``ctc``, ``decode_cache``: see
+    :func:`transcribe`)."""
+    hyps = transcribe(model, utterances, batch_size, max_new_tokens, ctc, decode_cache)
     rows = score_rows(utterances, hyps)
     return summarize(rows, bootstrap=bootstrap, seed=seed), rows
 

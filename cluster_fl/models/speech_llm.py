@@ -228,7 +228,8 @@ def _sinusoids(length: int, channels: int) -> torch.Tensor:
 
 
 class SpeechLLM(nn.Module):
-    """Encoder -> connector -> decoder; ``loss`` for training, :func:`greedy_decode` to transcribe."""
+    """Encoder -> connector -> decoder; ``loss`` for training,
+    :func:`~cluster_fl.models.decoding.greedy_decode` to transcribe."""
 
     def __init__(self, arch: str, encoder: nn.Module, connector: nn.Module, decoder: nn.Module,
                  tokenizer: Tokenizer, ctc_head: nn.Module | None = None):
@@ -486,46 +487,3 @@ class SpeechLLM(nn.Module):
         return nn.functional.ctc_loss(log_probs, flat, tuple(enc_len.tolist()),
                                       tuple(len(lab) for lab in labels),
                                       blank=self.tokenizer.pad_id, zero_infinity=True)
-
-
-@torch.no_grad()
-def greedy_decode(model: SpeechLLM, batch: Batch | Mapping[str, Any],
-                  max_new_tokens: int = 64) -> list[str]:
-    """Batched greedy transcription with a KV cache; prefixes are left-padded."""
-    batch = as_batch(batch)
-    was_training = model.training
-    model.eval()
-    dev, tok = model.device, model.tokenizer
-    audio, n_audio, _, _ = model.audio_embeddings(batch.features.to(dev), batch.lengths.to(dev))
-    prefixes = [torch.cat([audio[i, : int(n_audio[i])], model._embed(tok.prompt_ids(lang))])
-                for i, lang in enumerate(batch.languages)]
-    b, width = len(prefixes), max(p.shape[0] for p in prefixes)
-    emb = torch.zeros(b, width, audio.shape[-1], dtype=audio.dtype, device=dev)
-    attn = torch.zeros(b, width, dtype=torch.long, device=dev)
-    for i, p in enumerate(prefixes):
-        emb[i, width - p.shape[0]:], attn[i, width - p.shape[0]:] = p, 1
-    pos = (attn.cumsum(-1) - 1).clamp(min=0)
-    out = model.decoder.model(inputs_embeds=emb, attention_mask=attn, position_ids=pos,
-                              use_cache=True)
-    tokens = torch.zeros(b, 0, dtype=torch.long, device=dev)
-    done = torch.zeros(b, dtype=torch.bool, device=dev)
-    last_pos = pos[:, -1:]
-    for step in range(max_new_tokens):
-        nxt = model.decoder.lm_head(out.last_hidden_state[:, -1]).argmax(-1)
-        nxt = nxt.masked_fill(done, tok.eos_id)
-        tokens = torch.cat([tokens, nxt[:, None]], dim=1)
-        done |= nxt == tok.eos_id
-        if bool(done.all()) or step == max_new_tokens - 1:
-            break
-        attn = torch.cat([attn, torch.ones(b, 1, dtype=attn.dtype, device=dev)], dim=1)
-        last_pos = last_pos + 1
-        out = model.decoder.model(inputs_embeds=model.decoder.get_input_embeddings()(nxt[:, None]),
-                                  attention_mask=attn, position_ids=last_pos,
-                                  cache=out.cache, use_cache=True)
-    if was_training:
-        model.train()
-    texts = []
-    for row in tokens.tolist():
-        cut = row.index(tok.eos_id) if tok.eos_id in row else len(row)
-        texts.append(tok.decode(row[:cut]))
-    return texts

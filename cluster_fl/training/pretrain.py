@@ -319,7 +319,7 @@ def pretrain(cfg: Config, examples: Sequence[Any] | None = None, force: bool = F
             if heldout:
                 summary, _ = evaluate(model, heldout, batch_size=cfg.eval.batch_size,
                                       max_new_tokens=cfg.eval.max_new_tokens, bootstrap=0,
-                                      ctc=separate)
+                                      ctc=separate, decode_cache=cfg.eval.decode_cache)
                 wer, cer = summary["wer"], summary.get("cer", float("nan"))
             history.append({"step": step, "elapsed_s": round(elapsed, 1), "wer": wer})
             log(f"step {step:6d}  {elapsed / 60:5.1f} min  held-out "

@@ -52,6 +52,7 @@ def test_unknown_key_in_yaml_and_unknown_section(tmp_path):
     ("fl.sampling=random", "fl.sampling", "poisson, fixed"),
     ("fl.rounds=2.5", "fl.rounds", "integer"),
     ("privacy.noise_multiplier=.nan", "privacy.noise_multiplier", "finite"),
+    ("eval.decode_cache=paged", "eval.decode_cache", "auto, static, dynamic"),
 ])
 def test_bad_value_names_key_and_allowed_range(override, key, allowed):
     with pytest.raises(ConfigError) as exc:
@@ -145,4 +146,6 @@ def test_lane_layout_keys_do_not_change_the_run_id():
     assert run_id(load_config(None, ["model.shard=fsdp2", "model.shard_group_size=4",
                                      "model.activation_checkpointing=true",
                                      "run.wait_timeout_s=99"])) == base
+    # decoding's KV cache: the same tokens either way (tests/models/test_decoding.py)
+    assert run_id(load_config(None, ["eval.decode_cache=dynamic"])) == base
     assert run_id(load_config(None, ["model.dtype=bfloat16"])) != base

@@ -78,3 +78,28 @@ def test_rank_0_puts_the_gathered_rows_back_in_the_evaluation_sets_order(monkeyp
     summary, rows = ev.run(None, None, _GatherComm([None, other]))
     assert [r["utt_id"] for r in rows] == [f"u{i}" for i in (0, 1, 2, 3, 5, 7, 9)]
     assert summary["n_utterances"] == 7
+
+
+def test_a_runs_evaluation_decodes_with_its_configured_cache(tiny_corpus, tmp_path,
+                                                             monkeypatch):
+    import importlib
+
+    import torch
+
+    from engine_helpers import tiny_config
+
+    from cluster_fl.dist import LocalComm
+    from cluster_fl.engine import setup
+
+    ev = importlib.import_module("cluster_fl.eval.evaluate")  # the module, not its function
+    torch.set_num_threads(1)
+    real, caches = ev.greedy_decode, []
+
+    def spy(model, batch, n, cache):
+        caches.append(cache)
+        return real(model, batch, n, cache=cache)
+    monkeypatch.setattr(ev, "greedy_decode", spy)
+    cfg = tiny_config(tiny_corpus, tmp_path, "eval.max_utterances=2", "eval.decode_cache=dynamic")
+    world = setup.build_world(cfg, LocalComm(), lambda m: None)
+    summary, rows = world.evaluate(world.initial_state)
+    assert len(rows) == 2 and caches == ["dynamic", "dynamic"]  # eval.batch_size=1

@@ -84,12 +84,19 @@ def test_evaluate_rows_follow_the_eval_parquet_layout(monkeypatch):
              "speaker": s, "language": "en"}
             for i, (t, s) in enumerate([("one two", "a"), ("three", "a"), ("four five", "b")])]
     answers = {"one two": "one two", "three": "tree", "four five": "Four"}
-    monkeypatch.setattr(ev, "greedy_decode",
-                        lambda model, batch, n: [answers[t] for t in batch.texts])
+    caches = []
+
+    def parrot(model, batch, n, cache):
+        caches.append(cache)
+        return [answers[t] for t in batch.texts]
+    monkeypatch.setattr(ev, "greedy_decode", parrot)
     summary, rows = evaluate(_Parrot(), utts, batch_size=2, bootstrap=100, seed=0)
     assert [tuple(r) for r in rows] == [EVAL_COLUMNS] * 3
     assert [r["hyp"] for r in rows] == ["one two", "tree", "four"]  # input order, normalised
     assert summary["wer"] == pytest.approx(2 / 5)
+    assert caches == ["auto", "auto"]
+    evaluate(_Parrot(), utts, batch_size=2, bootstrap=0, decode_cache="dynamic")
+    assert caches[2:] == ["dynamic", "dynamic"]  # eval.decode_cache reaches the decoder
 
 
 def test_evaluate_a_tiny_model_end_to_end():

@@ -152,4 +152,14 @@ MUTANTS: list[Mutant] = [
            (P + "test_host_reads.py::test_a_deferred_range_check_reads_nothing_adds_nothing_and_"
             "fails_the_reduce",),
            "a contribution beyond its bound is dropped silently: the round's reduce never fails"),
+    Mutant("decode-static-hides-own-slot", "cluster_fl/models/decoding.py",
+           (("(slot[None, None, :] <= slot[None, :, None])",
+             "(slot[None, None, :] < slot[None, :, None])"),),
+           ("tests/models/test_decoding.py::test_static_equals_dynamic_token_for_token",),
+           "the static cache's step does not attend to its own token: other transcripts"),
+    Mutant("decode-static-reads-every-token", "cluster_fl/models/decoding.py",
+           (("((t + 1) % SYNC_EVERY == 0 and bool(done.all()))", "bool(done.all())"),),
+           ("tests/models/test_decoding.py::"
+            "test_static_decode_reads_the_device_every_sync_every_tokens",),
+           "the static path syncs with the host every token (a GPU stall per token) again"),
 ]
