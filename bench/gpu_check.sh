@@ -18,15 +18,22 @@
 #   4. the study's heavy-regime cell (per-layer flat DP, 24 clients a round): updates/s, the
 #      GPU-busy share of a round, and the whole study's GPU wall time at that rate;
 #   5. the peer benchmark on the GPU: cluster_fl against pfl-research on the same work.
+# STAGES picks stages (default all: 12345): stay under a 10-minute command by running two,
+#   STAGES=123 bash bench/gpu_check.sh; STAGES=45 bash bench/gpu_check.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}
+STAGES=${STAGES:-12345}
 status=0
+stage() { [[ $STAGES == *$1* ]]; }
 echo "== $(date -u +%FT%TZ) $($PY -c 'import torch; print(torch.cuda.get_device_name(0), "torch", torch.__version__)')"
 
+if stage 1; then
 echo "== 1. gpu tests"
 timeout 280 $PY -m pytest -q -s -m gpu tests/gpu -p no:cacheprovider || status=1
+fi
 
+if stage 2; then
 echo "== 2. client steps of whisper-eurollm-9b (bf16 base, LoRA r16): time, memory, MFU"
 BIG=$(timeout 170 $PY bench/gpu_step.py big --arch whisper-eurollm-9b --batches 4,8,16 \
   --checkpointing on --seconds 15 | tee /dev/stderr | tail -1) || status=1
@@ -55,10 +62,14 @@ for key, s in big["steps"].items():
               f" (hardware {s['hardware_tflop']:.1f} TFLOP, {s['hfu']:.1%}), peak {s['peak_gib']:.1f} GiB,"
               f" {s['syncs_per_step']} host syncs a step")
 PYEOF
+fi
 
+if stage 3; then
 echo "== 3. the study's client workload: client updates/s, K = 1 eager / 64 eager / 64 compiled"
 timeout 200 $PY bench/gpu_step.py speed --clients 64 --rounds 2 --variants 1,64,64c | tail -1 || status=1
+fi
 
+if stage 4; then
 # the study's updates (results/repro/PROTOCOL.md): main 2 x 9 x 5 runs, LR sweep 54, EuroLLM 15,
 # each 40 rounds x 24 clients; the eps <= 10 grid 9 runs x 30 rounds x 240 clients
 STUDY_UPDATES=$(( (90 + 54 + 15) * 40 * 24 + 9 * 30 * 240 ))
@@ -66,11 +77,15 @@ echo "== 4. the study's heavy cell (24 clients a round, K = 24 compiled): update
 echo "     syncs, and the wall time of its $STUDY_UPDATES client updates at that rate, one run at a time"
 timeout 120 $PY bench/gpu_step.py speed --clients 24 --rounds 3 --variants 24c --study \
   --estimate-updates $STUDY_UPDATES | tail -1 || status=1
+fi
 
+if stage 5; then
 echo "== 5. peers on the GPU (issue 24 item 7): cluster_fl K = 1 / 24 against pfl-research, DP"
 # Flower's simulation needs Ray, whose wheel does not fit what this machine can be sent; on a
 # cluster node: add flower to --frameworks
 timeout 150 $PY -m bench.peers.run --device cuda --frameworks cluster_fl,pfl --privacy dp \
   --ks 1,24 --ranks 1 --rounds 2 --reps 1 --batch-size 8 --work /tmp/cluster_fl_peers_gpu \
   | head -12 || status=1
+fi
+
 exit $status
