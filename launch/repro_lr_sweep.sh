@@ -11,7 +11,8 @@ TIE=0.005
 [ -d "$RUNS" ] || { echo "no sweep runs in $RUNS" >&2; exit 1; }
 mkdir -p "$OUT"
 for regime in heavy mild; do
-  for dir in "$RUNS"/*__"$regime"__*__lr-*__s*; do [ -e "$dir" ] && basename "$dir"; done \
+  # a regime without runs yet (the sweep runs heavy first) is skipped, not an error
+  for dir in "$RUNS"/*__"$regime"__*__lr-*__s*; do [ -e "$dir" ] && basename "$dir" || true; done \
     | sed -E 's/.*__(lr-[^_]+)__s[0-9]+$/\1/' | sort -u | while read -r lr; do
     cluster-fl table "$RUNS"/*__"$regime"__*__"$lr"__s* --format csv --out "$OUT/$regime-$lr.csv"
   done
