@@ -18,7 +18,8 @@ from typing import Any, Iterable, Mapping
 
 import yaml
 
-from cluster_fl.config.schema import SECTIONS, Config, ConfigError
+from cluster_fl.config.checks import ConfigError
+from cluster_fl.config.schema import SECTIONS, Config
 
 
 def valid_keys() -> list[str]:

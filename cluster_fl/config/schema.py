@@ -8,16 +8,18 @@ into one line on stderr and exit code 2.
 Presets may inherit: a top-level ``base: other.yaml`` (path relative to the preset, or a list of
 them) is loaded first and the preset's own keys override it. This module is the schema; reading
 presets and overrides lives in :mod:`cluster_fl.config.load`, which imports it (never the other
-way round); :mod:`cluster_fl.config` re-exports both.
+way round); the checks the keys are validated with, in :mod:`cluster_fl.config.checks`;
+:mod:`cluster_fl.config` re-exports them.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
 
-from cluster_fl.errors import UserError
+from cluster_fl.config.checks import check as _check
+from cluster_fl.config.checks import in_range as _range
+from cluster_fl.config.checks import one_of as _in
 
 CLIPPING_METHODS = (
     "flat",
@@ -34,44 +36,6 @@ INSIDE_POOL_RULES = ("size", "uniform", "flat", "ema")
 GROUPINGS = ("matrix", "layer")
 COMPONENTS = ("encoder", "connector", "decoder")
 DECODE_CACHES = ("auto", "static", "dynamic")
-
-
-class ConfigError(UserError, ValueError):
-    """A configuration problem, phrased for the user: names the key and what is allowed."""
-
-    def __init__(self, key: str, message: str):
-        self.key = key
-        super().__init__(f"config key '{key}': {message}")
-
-
-def _check(cond: bool, key: str, message: str) -> None:
-    if not cond:
-        raise ConfigError(key, message)
-
-
-def _in(value: Any, allowed: Iterable[Any], key: str) -> None:
-    allowed = tuple(allowed)
-    _check(value in allowed, key, f"got {value!r}; allowed: {', '.join(map(str, allowed))}")
-
-
-def _range(value: Any, key: str, lo: float | None = None, hi: float | None = None,
-           lo_open: bool = False, hi_open: bool = False, integer: bool = False) -> None:
-    if integer:
-        _check(isinstance(value, int) and not isinstance(value, bool), key,
-               f"got {value!r}; must be an integer")
-    else:
-        _check(isinstance(value, (int, float)) and not isinstance(value, bool), key,
-               f"got {value!r}; must be a number")
-        _check(math.isfinite(value), key, f"got {value!r}; must be finite")
-    lo_s = "-inf" if lo is None else repr(lo)
-    hi_s = "inf" if hi is None else repr(hi)
-    rng = f"{'(' if lo_open else '['}{lo_s}, {hi_s}{')' if hi_open else ']'}"
-    ok = True
-    if lo is not None:
-        ok &= value > lo if lo_open else value >= lo
-    if hi is not None:
-        ok &= value < hi if hi_open else value <= hi
-    _check(ok, key, f"got {value!r}; allowed range {rng}")
 
 
 @dataclass(frozen=True, kw_only=True)
