@@ -71,7 +71,9 @@ def test_the_lr_sweep_gives_every_method_the_same_values_on_tuning_seeds():
         values.setdefault((s.axes["condition"], method), set()).add(s.config.fl.lr)
     assert {m for _, m in values} == set(METHODS["heavy"])
     assert len({frozenset(v) for v in values.values()}) == 1 and len(next(iter(values.values()))) >= 3
-    assert len(specs) == 2 * len(METHODS["heavy"]) * 3 * len(grid.seeds)
+    # 1e-3, 3e-3, 1e-2 and, by the bracketing rule (heavy flat picked the lowest), 3e-4
+    assert next(iter(values.values())) == {0.0003, 0.001, 0.003, 0.01}
+    assert len(specs) == 2 * len(METHODS["heavy"]) * 4 * len(grid.seeds)
     # each regime's calibrated alpha and pools are those of its study grid
     for regime in ("heavy", "mild"):
         study = {s.axes["method"]: s.config.privacy for s in expand(load_grid(
