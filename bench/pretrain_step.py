@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--corpus", default=None,
-                        help="corpus folder (default: the demo's, $CLUSTER_FL_CACHE/corpus-v2)")
+                        help="corpus folder (default: the demo's, $CLUSTER_FL_CACHE/corpus-v3)")
     parser.add_argument("--steps", type=int, default=30, help="timed steps per variant")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)

@@ -47,7 +47,7 @@ def extra_scores(cfg, checkpoint: str, store, public: list) -> dict[str, float]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--corpus", default=None,
-                        help="corpus folder (default: the demo's, $CLUSTER_FL_CACHE/corpus-v2)")
+                        help="corpus folder (default: the demo's, $CLUSTER_FL_CACHE/corpus-v3)")
     parser.add_argument("--minutes", type=float, default=15.0)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--eval-every", type=int, default=1000, help="steps between WER checks")

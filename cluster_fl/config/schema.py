@@ -127,7 +127,7 @@ class ModelConfig:
 class DataConfig:
     """Where the speech comes from and how it is split into clients."""
 
-    corpus: str = "~/.cache/cluster_fl/corpus-v2"
+    corpus: str = "~/.cache/cluster_fl/corpus-v3"
     """Corpus root in the MLS Parquet layout (synthetic or real MLS); the default is the cache
     folder of ``cluster-fl demo`` (``data.corpus.DEFAULT_FOLDER``)."""
     languages: tuple[str, ...] = ("en", "de", "nl", "fr", "es", "it", "pt", "pl")

@@ -14,9 +14,18 @@ shards and ours with one code path. FLAC keeps int16 PCM losslessly at about hal
 Speakers: public (central pretraining; many utterances), private (federated clients, one
 language each, 20-60 utterances) and test (held-out evaluation). Splits are speaker-disjoint,
 and the voice variants are split three ways too, so private and test speakers use variants the
-pretrained model never heard. eSpeak's output jitters between calls, so the corpus is the
-deterministic artefact: every shard is written once (tmp file + rename) and a re-run skips
+pretrained model never heard. Every shard is written once (tmp file + rename) and a re-run skips
 finished shards, so a crash loses at most the shards in flight.
+
+Reproducible to the byte: eSpeak seeds its random generator from the clock, and keeps state
+across calls inside a process (an utterance depends on everything that process rendered before,
+and no library call resets it). So every utterance seeds the generator from its id, and each
+shard renders in a process of its own, forked from a clean server. A shard's bytes then depend
+only on its speakers and texts, not on the clock, the worker count, the machine's load or a
+resume.
+Corpora made before this (``corpus.json`` without ``renderer``; the ``corpus-v2`` folders) let a
+worker render many shards in turn, which made them a draw of the scheduling: still readable as
+they are, but a new render of the same parameters differs.
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ import multiprocessing as mp
 import os
 import sys
 import time
+import zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -47,7 +57,8 @@ FORMAT = "cluster_fl-mls/1"
 DEFAULT_SPEAKERS = {"public": 80, "private": 30, "test": 4}
 # The default corpus's cache folder, versioned: a folder made with older defaults is refused by
 # make_corpus (other parameters), so changing DEFAULT_SPEAKERS moves the default folder too.
-DEFAULT_FOLDER = "corpus-v2"
+DEFAULT_FOLDER = "corpus-v3"  # v3: one process per shard (byte-reproducible); v2: 80 public speakers
+RENDERER = "process-per-shard"  # recorded in corpus.json; absent in corpora of the old renderer
 
 
 def default_cache() -> Path:
@@ -161,7 +172,8 @@ def _render_shard(out: str, task: dict[str, Any]) -> tuple[str, int, float]:
     cols: dict[str, list] = {k: [] for k in ("audio", "sampling_rate", "transcript", "speaker",
                                              "language", "utterance_id", "split", "duration")}
     for speaker, utt_id, voice, text in task["rows"]:
-        audio = synthesize(text, task["language"], VoiceParams(**voice))
+        audio = synthesize(text, task["language"], VoiceParams(**voice),
+                           seed=zlib.crc32(utt_id.encode()))
         cols["audio"].append({"bytes": encode_flac(audio), "path": f"{utt_id}.flac"})
         cols["sampling_rate"].append(TARGET_RATE_HZ)
         cols["transcript"].append(normalize_text(text))
@@ -282,11 +294,19 @@ def make_corpus(out: str | Path, languages: Sequence[str] = LANGUAGES,
     out = Path(out).expanduser()
     params = {"languages": list(languages), "seed": seed, "speakers": counts,
               "utterances": {k: list(v) for k, v in utts.items()}, "shard_size": shard_size,
-              "variants": list(list_variants())}
+              "variants": list(list_variants()), "renderer": RENDERER}
     out.mkdir(parents=True, exist_ok=True)
     params_path, manifest_path = out / "corpus.json", out / "manifest.json"
     if params_path.exists():
         old = json.loads(params_path.read_text())
+        if "renderer" not in old and {**old, "renderer": RENDERER} == params:
+            if manifest_path.exists():  # a finished corpus of the old renderer: used as it is
+                print(f"make-corpus: {out} was rendered before shards had a process each (not "
+                      "reproducible to the byte; see cluster_fl/data/corpus.py); using it as it "
+                      "is", file=sys.stderr)
+                return json.loads(manifest_path.read_text())
+            raise UserError(f"{out} holds an unfinished corpus of the old renderer; finishing it "
+                            "would mix two renderers: delete it or use another folder")
         if old != params:
             differ = ", ".join(f"{key}: {old.get(key)!r} there, {params[key]!r} asked"
                                for key in params if old.get(key) != params[key])
@@ -309,10 +329,12 @@ def make_corpus(out: str | Path, languages: Sequence[str] = LANGUAGES,
 
 def _render_all(out: Path, todo: list[dict[str, Any]], total: int, workers: int | None,
                 progress: bool) -> None:
-    """Render shards in worker processes (eSpeak is one-voice-per-process), with progress."""
+    """Render shards with progress, each in a fresh process (eSpeak's state would otherwise carry
+    from one shard into the next): forked from a server that imported the modules but never
+    touched eSpeak, so a process costs milliseconds, not an interpreter start."""
     if not todo:
         return
-    workers = workers or min(len(todo), os.cpu_count() or 1)
+    workers = max(1, workers or min(len(todo), os.cpu_count() or 1))
     start = time.monotonic()
 
     def report(done: int, final: bool = False) -> None:
@@ -322,27 +344,20 @@ def _render_all(out: Path, todo: list[dict[str, Any]], total: int, workers: int 
             print(f"make-corpus: {done}/{total} utterances, {el:.0f}s elapsed"
                   + ("" if final else f", ~{eta:.0f}s left"), file=sys.stderr, flush=True)
 
-    if workers <= 1:
-        done = 0
-        last = start
-        for task in todo:
-            done += _render_shard(str(out), task)[1]
-            if time.monotonic() - last > 5:
-                report(done)
-                last = time.monotonic()
-        report(done, final=True)
-        return
-    ctx = mp.get_context("spawn")  # a fresh interpreter: no inherited eSpeak or torch state
+    ctx = mp.get_context("forkserver")  # no inherited eSpeak or torch state
+    ctx.set_forkserver_preload(["cluster_fl.data.corpus", "pyarrow.parquet", "soundfile"])
     counter = ctx.Value("l", 0)
     # Big shards first so the tail of the run is short.
     todo = sorted(todo, key=lambda t: -len(t["rows"]))
-    with ctx.Pool(workers, initializer=_init_worker, initargs=(counter,)) as pool:
+    with ctx.Pool(workers, initializer=_init_worker, initargs=(counter,),
+                  maxtasksperchild=1) as pool:
         pending = [pool.apply_async(_render_shard, (str(out), t)) for t in todo]
+        last = start
         while not all(p.ready() for p in pending):
             time.sleep(0.2)
-            if time.monotonic() - getattr(report, "last", start) > 5:
+            if time.monotonic() - last > 5:
                 report(counter.value)
-                report.last = time.monotonic()  # type: ignore[attr-defined]
+                last = time.monotonic()
         for p in pending:
             p.get()  # re-raise a worker's error here
     report(counter.value, final=True)

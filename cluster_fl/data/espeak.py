@@ -7,7 +7,9 @@ a few milliseconds per short sentence. eSpeak renders at 22050 Hz; :func:`synthe
 
 eSpeak keeps global state (one voice, one callback per process) and is not thread-safe: use one
 :class:`Synthesizer` per process (``corpus.py`` renders in worker processes). Its output jitters
-slightly between calls (a few samples), so corpora are made deterministic by writing them once.
+between calls: it seeds its random generator from the clock at start-up (``synthesize(seed=)``
+sets it), and an utterance also depends on what the process rendered before, which no call
+resets; so ``corpus.py`` seeds every utterance and renders each shard in a fresh process.
 
 Voices are named ``LANG+VARIANT`` (``fr+m3``); the region form ``fr-fr+m3`` is refused by this
 build, so only the bare language code is used.
@@ -100,6 +102,8 @@ class Synthesizer:
         self._lib.espeak_SetSynthCallback(self._callback)
         self._lib.espeak_SetVoiceByName.argtypes = [ctypes.c_char_p]
         self._lib.espeak_SetParameter.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
+        self._lib.espeak_ng_SetRandSeed.argtypes = [ctypes.c_long]
+        self._lib.espeak_ng_SetRandSeed.restype = None
         self._lib.espeak_Synth.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_uint,
                                            ctypes.c_int, ctypes.c_uint, ctypes.c_uint,
                                            ctypes.c_void_p, ctypes.c_void_p]
@@ -130,9 +134,12 @@ class Synthesizer:
             self._lib.espeak_SetParameter(param, int(value), 0)
         self._voice = (language, voice)
 
-    def render_22k(self, text: str) -> np.ndarray:
-        """Synthesize ``text`` with the current voice: int16 samples at 22050 Hz."""
+    def render_22k(self, text: str, seed: int | None = None) -> np.ndarray:
+        """Synthesize ``text`` with the current voice: int16 samples at 22050 Hz. ``seed`` sets
+        eSpeak's random generator first (else it runs on from its clock-seeded state)."""
         self._chunks = []
+        if seed is not None:
+            self._lib.espeak_ng_SetRandSeed(seed)
         data = text.encode("utf-8") + b"\0"
         status = self._lib.espeak_Synth(data, len(data), 0, POS_CHARACTER, 0, CHARS_UTF8,
                                         None, None)
@@ -162,14 +169,16 @@ def to_16k(samples: np.ndarray) -> np.ndarray:
     return np.clip(y, -1.0, 1.0)
 
 
-def synthesize(text: str, language: str, voice: VoiceParams) -> np.ndarray:
+def synthesize(text: str, language: str, voice: VoiceParams, seed: int | None = None
+               ) -> np.ndarray:
     """Render ``text`` in ``language`` with ``voice``: float32 mono at 16 kHz.
 
-    Not deterministic to the sample (eSpeak jitters); write the result once and reuse it.
+    The same samples again only with a ``seed`` and in a process that has rendered the same
+    utterances before it (module docstring); otherwise write the result once and reuse it.
     """
     synth = Synthesizer.get()
     synth.set_voice(language, voice)
-    return to_16k(synth.render_22k(text))
+    return to_16k(synth.render_22k(text, seed))
 
 
 def phonemes(text: str, language: str) -> str:

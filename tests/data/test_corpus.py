@@ -110,6 +110,46 @@ def test_rerun_skips_finished_shards_and_other_parameters_are_refused(tmp_path):
         make_corpus(tmp_path, ["es"], **{**kwargs, "seed": 2})
 
 
+def _shard_digests(root):
+    import hashlib
+
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*.parquet"))}
+
+
+def test_shards_are_the_same_bytes_whatever_the_workers_and_after_a_resume(tmp_path):
+    # eSpeak's output depends on what its process rendered before: one worker rendering every
+    # shard in turn and three workers sharing them out used to give different audio
+    kwargs = dict(seed=3, public_speakers=3, private_speakers=2, test_speakers=1,
+                  utterances_per_speaker=2, shard_size=2, progress=False)
+    one, three = tmp_path / "one", tmp_path / "three"
+    make_corpus(one, ["es"], workers=1, **kwargs)
+    make_corpus(three, ["es"], workers=3, **kwargs)
+    digests = _shard_digests(one)
+    assert len(digests) == 6 and digests == _shard_digests(three)
+    (three / "manifest.json").unlink()  # a crash that lost two shards, then a resume
+    for name in ("es/public/part-00001.parquet", "es/private/part-00000.parquet"):
+        (three / name).unlink()
+    make_corpus(three, ["es"], workers=2, **kwargs)
+    assert _shard_digests(three) == digests
+    assert json.loads((one / "corpus.json").read_text())["renderer"] == "process-per-shard"
+
+
+def test_a_finished_corpus_of_the_old_renderer_is_used_and_an_unfinished_one_refused(
+        tmp_path, capsys):
+    kwargs = dict(seed=1, public_speakers=1, private_speakers=1, test_speakers=1,
+                  utterances_per_speaker=1, workers=1, progress=False)
+    manifest = make_corpus(tmp_path, ["es"], **kwargs)
+    params = json.loads((tmp_path / "corpus.json").read_text())
+    del params["renderer"]  # as corpus-v2 folders were written
+    (tmp_path / "corpus.json").write_text(json.dumps(params))
+    assert make_corpus(tmp_path, ["es"], **kwargs) == manifest
+    assert "not reproducible to the byte" in capsys.readouterr().err
+    (tmp_path / "manifest.json").unlink()
+    with pytest.raises(UserError, match="unfinished corpus of the old renderer"):
+        make_corpus(tmp_path, ["es"], **kwargs)
+
+
 def test_default_speaker_counts_and_their_spread():
     from cluster_fl.data.corpus import DEFAULT_SPEAKERS, _resolve_counts
 
