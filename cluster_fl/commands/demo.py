@@ -189,4 +189,5 @@ def run(args: argparse.Namespace) -> int:
 def _manifest_line(manifest: dict) -> str:
     total = manifest.get("total", {})
     return (f"{total.get('utterances', '?')} utterances, {total.get('hours', '?')} h "
-            f"in {len(manifest.get('counts', {})) or '?'} language(s)")
+            f"in {len(manifest.get('counts', {})) or '?'} language(s)"
+            + (f", digest {manifest['digest'][:16]}" if "digest" in manifest else ""))

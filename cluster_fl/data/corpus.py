@@ -214,7 +214,11 @@ def _atomic_json(path: Path, obj: Any) -> None:
 
 
 def build_manifest(out: Path, params: dict[str, Any]) -> dict[str, Any]:
-    """Counts, speakers and hours per language/split, read back from the written shards."""
+    """Counts, speakers and hours per language/split, read back from the written shards, and
+    each shard's SHA-256 with one ``digest`` over them all: two corpora with the same digest are
+    the same bytes (renders are reproducible, module docstring), so a run's data can be named."""
+    import hashlib
+
     import pyarrow.parquet as pq
 
     counts: dict[str, dict[str, dict[str, Any]]] = {}
@@ -228,14 +232,15 @@ def build_manifest(out: Path, params: dict[str, Any]) -> dict[str, Any]:
         c["hours"] += float(np.sum(t.column("duration").to_numpy())) / 3600
         c["speakers"].update(t.column("speaker").to_pylist())
         shards.append({"path": str(path.relative_to(out)), "language": lang, "split": split,
-                       "rows": t.num_rows})
+                       "rows": t.num_rows, "sha256": hashlib.sha256(path.read_bytes()).hexdigest()})
     for per_split in counts.values():
         for c in per_split.values():
             c["speakers"], c["hours"] = len(c["speakers"]), round(c["hours"], 4)
     total_h = sum(c["hours"] for s in counts.values() for c in s.values())
     total_u = sum(c["utterances"] for s in counts.values() for c in s.values())
+    digest = hashlib.sha256("".join(f"{s['sha256']}  {s['path']}\n" for s in shards).encode())
     return {"format": FORMAT, "sampling_rate": TARGET_RATE_HZ, "audio": "struct{bytes: flac}",
-            "params": params, "counts": counts, "shards": shards,
+            "params": params, "counts": counts, "shards": shards, "digest": digest.hexdigest(),
             "total": {"utterances": total_u, "hours": round(total_h, 4)}}
 
 
@@ -374,4 +379,6 @@ def format_manifest(manifest: dict[str, Any]) -> str:
                              f"{c['hours']:>7.3f}")
     t = manifest["total"]
     lines.append(f"total: {t['utterances']} utterances, {t['hours']:.2f} hours")
+    if "digest" in manifest:  # corpora of the old renderer have none
+        lines.append(f"digest: {manifest['digest']}")
     return "\n".join(lines)

@@ -133,6 +133,9 @@ def test_shards_are_the_same_bytes_whatever_the_workers_and_after_a_resume(tmp_p
     make_corpus(three, ["es"], workers=2, **kwargs)
     assert _shard_digests(three) == digests
     assert json.loads((one / "corpus.json").read_text())["renderer"] == "process-per-shard"
+    manifests = [json.loads((d / "manifest.json").read_text()) for d in (one, three)]
+    assert manifests[0]["digest"] == manifests[1]["digest"]
+    assert {s["path"]: s["sha256"] for s in manifests[0]["shards"]} == digests
 
 
 def test_a_finished_corpus_of_the_old_renderer_is_used_and_an_unfinished_one_refused(
