@@ -1,8 +1,9 @@
 """Paired comparison of methods over seeds and test speakers (``cluster-fl table --against``).
 
-Runs of two methods with the same seed share their cohorts, client batches, noise and starting
-model, and are scored on the same evaluation utterances; the seed is the unit of replication
-(:mod:`cluster_fl.experiments.stats` has the reasons and the definitions):
+Runs of two methods with the same seed share their cohorts, client batches and starting model
+(not their noise, which is scoped by run id), and are scored on the same evaluation
+utterances; the seed is the unit of replication (:mod:`cluster_fl.experiments.stats` has the
+reasons and the definitions):
 
 - Δ = mean over seeds of (WER_B,s − WER_A,s), each seed's WER pooled over its speakers: the
   difference of the two cells' means in the WER table.

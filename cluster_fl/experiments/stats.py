@@ -15,7 +15,7 @@ fresh connector's init -- all drawn from the seed) and the sampling of test spea
   depend only on (S, K, resamples, seed), so every cell of a table with the same seeds and
   speakers sees the same draws.
 * **Seed-level paired test** (:func:`paired_t`): on the per-seed differences D_s = WER_B,s −
-  WER_A,s (runs of one seed share their cohorts, batches, noise and starting model), the
+  WER_A,s (runs of one seed share their cohorts, batches and starting model), the
   two-sided paired t-test, t = mean(D) / (sd(D)/√S) with S − 1 degrees of freedom. It is the
   verdict's test because the exact sign-flip test over seeds (:func:`sign_flip_exact`,
   distribution-free, reported beside it) cannot go below p = 2/2^S: 0.0625 with 5 seeds, so it
