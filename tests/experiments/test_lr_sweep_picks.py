@@ -1,4 +1,4 @@
-"""launch/repro_lr_sweep.sh on the sweep's committed runs (results/prereg-lr-sweep): the pick per
+"""launch/repro_lr_sweep.sh on the sweep's committed runs (results/prereg-lr-sweep-v2): the pick per
 (regime, method) is the LR with the lowest WER, ties within 0.005 to the smaller LR, and a regime
 without runs yet (the sweep runs heavy first) is skipped rather than failing the script."""
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-RUNS = REPO / "results" / "prereg-lr-sweep"
+RUNS = REPO / "results" / "prereg-lr-sweep-v2"  # the superseded corpus-v2 sweep: fixtures
 FEDAVG = [f"whisper-tinyllama-tiny__heavy__fedavg__lr-{lr}__s100" for lr in ("0.001", "0.003", "0.01")]
 
 
