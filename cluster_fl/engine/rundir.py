@@ -56,10 +56,25 @@ RESUME_TOLERATED = {("run", "out"), ("run", "threads"), ("run", "timeout_s"),
 # keys that do not enter the run id
 _BOOKKEEPING = RESUME_TOLERATED | {("run", "experiment"), ("run", "run_id"),
                                    ("run", "checkpoint_every")}
+# files and folders enter the id by their last name only: the same corpus and checkpoint under
+# another home or scratch folder is the same run, with the same id and so the same research noise
+# (the demo printed another table for every $HOME until session 14)
+_PATH_KEYS = {("data", "corpus"), ("data", "feature_cache"), ("model", "checkpoint"),
+              ("model", "encoder_path"), ("model", "decoder_path"), ("model", "tokenizer_path"),
+              ("pretrain", "out")}
 # keys added after runs existed: left out of the id at their default, so old ids stay valid
 _NEW_AT_DEFAULT = {("model", "dtype"): "float32", ("privacy", "grouping"): "matrix",
                    ("pretrain", "mode"): "joint", ("model", "connector_init"): "checkpoint",
                    ("model", "connector_seed"): None}  # null: the run's seed (issue 27)
+
+
+def path_names(tree: dict[str, Any]) -> dict[str, Any]:
+    """``tree`` (a config as nested dicts) with its file and folder keys cut to their last name,
+    in place: how run ids and resumes compare them."""
+    for section, key in _PATH_KEYS:
+        if tree.get(section, {}).get(key):
+            tree[section][key] = os.path.basename(os.path.normpath(str(tree[section][key])))
+    return tree
 
 
 def run_id(cfg: Config) -> str:
@@ -71,6 +86,7 @@ def run_id(cfg: Config) -> str:
     tree = to_dict(resolve_shapes(cfg))
     for section, key in _BOOKKEEPING:
         tree[section].pop(key, None)
+    path_names(tree)
     for (section, key), default in _NEW_AT_DEFAULT.items():
         if tree[section].get(key) == default:
             tree[section].pop(key)

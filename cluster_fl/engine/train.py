@@ -40,8 +40,8 @@ from cluster_fl.config import Config, build_config, to_dict, yaml_load
 from cluster_fl.engine.checkpoint import StopFlag, Stopped, load_run_checkpoint, save_run_checkpoint
 from cluster_fl.engine.operator_log import OperatorLog
 from cluster_fl.engine.rundir import (RESUME_TOLERATED, RunLock, append_text, clean_temp_files,
-                                      git_commit, is_done, make_folder, read_status, run_dir,
-                                      write_config, write_json, write_status)
+                                      git_commit, is_done, make_folder, path_names, read_status,
+                                      run_dir, write_config, write_json, write_status)
 from cluster_fl.errors import UserError
 
 if TYPE_CHECKING:  # imported lazily at run time: the process boundary starts with the run
@@ -82,7 +82,8 @@ def _check_existing(folder: Path, cfg: Config) -> None:
         raise UserError(f"{path} is unreadable ({type(exc).__name__}); restore it, or delete "
                         f"{folder} to start the run again") from None
     new = to_dict(cfg)
-    for d in (old, new):  # bookkeeping keys may differ between submissions
+    for d in (old, new):  # bookkeeping keys may differ between submissions, and the folders
+        path_names(d)     # that hold the same corpus and checkpoint (the id's comparison)
         for section, key in RESUME_TOLERATED:
             d.get(section, {}).pop(key, None)
     if old != new:

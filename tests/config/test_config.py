@@ -149,3 +149,33 @@ def test_lane_layout_keys_do_not_change_the_run_id():
     # decoding's KV cache: the same tokens either way (tests/models/test_decoding.py)
     assert run_id(load_config(None, ["eval.decode_cache=dynamic"])) == base
     assert run_id(load_config(None, ["model.dtype=bfloat16"])) != base
+
+
+def test_files_enter_the_run_id_by_their_last_name():
+    """The same corpus and checkpoint under another home are the same run: the same id, so the
+    same research noise (two demo clones in two homes printed two tables until session 14)."""
+    from cluster_fl.engine.rundir import run_id
+
+    def rid(corpus: str, ckpt: str) -> str:
+        return run_id(load_config(None, [f"data.corpus={corpus}", f"model.checkpoint={ckpt}"]))
+
+    here = rid("/home/a/.cache/cluster_fl/corpus-v3", "/home/a/ckpt/tiny-1600steps")
+    assert rid("/scratch/b/corpus-v3/", "/scratch/b/tiny-1600steps") == here
+    assert rid("/home/a/.cache/cluster_fl/corpus-v2", "/home/a/ckpt/tiny-1600steps") != here
+    assert rid("/home/a/.cache/cluster_fl/corpus-v3", "/home/a/ckpt/tiny-5600steps") != here
+
+
+def test_a_resume_from_another_folder_of_the_same_corpus_is_the_same_run(tmp_path):
+    from cluster_fl.engine.rundir import write_config
+    from cluster_fl.engine.train import _check_existing
+    from cluster_fl.errors import UserError
+
+    from cluster_fl.models.registry import resolve_shapes
+
+    def cfg(corpus: str):  # as run_training passes it: shapes resolved
+        return resolve_shapes(load_config(None, [f"data.corpus={corpus}"]))
+
+    write_config(tmp_path, cfg("/home/a/corpus-v3"))
+    _check_existing(tmp_path, cfg("/scratch/b/corpus-v3"))  # moved: resumes
+    with pytest.raises(UserError, match="different config.*data.corpus"):
+        _check_existing(tmp_path, cfg("/home/a/corpus-v2"))
