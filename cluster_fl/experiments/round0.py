@@ -27,7 +27,9 @@ if TYPE_CHECKING:
 
 def round0_folder(cfg: Config) -> Path:
     """Where the starting score of runs of ``cfg`` is kept."""
-    tree = to_dict(cfg)
+    from cluster_fl.engine.rundir import path_names
+
+    tree = path_names(to_dict(cfg))  # corpus and checkpoint by folder name, as run ids
     # `client` does not change the starting model but names the regime (its table cell): two
     # regimes keep two folders
     key = json.dumps({k: tree[k] for k in ("model", "data", "eval", "client")}

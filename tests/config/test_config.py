@@ -164,6 +164,14 @@ def test_files_enter_the_run_id_by_their_last_name():
     assert rid("/home/a/.cache/cluster_fl/corpus-v2", "/home/a/ckpt/tiny-1600steps") != here
     assert rid("/home/a/.cache/cluster_fl/corpus-v3", "/home/a/ckpt/tiny-5600steps") != here
 
+    from cluster_fl.experiments.round0 import round0_folder  # the starting model's score too
+
+    def r0(home: str) -> str:
+        return round0_folder(load_config(None, [f"data.corpus={home}/corpus-v3",
+                                                f"model.checkpoint={home}/tiny-1600steps"])).name
+
+    assert r0("/home/a") == r0("/scratch/b")
+
 
 def test_a_resume_from_another_folder_of_the_same_corpus_is_the_same_run(tmp_path):
     from cluster_fl.engine.rundir import write_config
