@@ -46,6 +46,7 @@ METHODS = {
     "size-ema": {"privacy.clipping": "size-ema"},
 }
 DEFAULT_METHODS = ("flat", "alpha-split", "uniform")  # ~2.3 min each on 2 cores
+PRETRAIN_THREADS = 2  # the demo's pretraining threads on any machine (its starting model's bytes)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -66,6 +67,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ranks", type=int, default=None,
                         help="processes per federated run (default: the CPU count, at most 4); "
                              "a run is bitwise identical on any number of ranks")
+
+
+def pretrain_threads(cfg) -> int:  # noqa: ANN001 - a Config
+    """The demo's pretraining threads: ``run.threads``, else a fixed count, not the machine's
+    cores -- a float sum split over another number of threads rounds differently, and 120 steps
+    at 1 and 2 threads already give different checkpoints (results/LOG.md, session 14)."""
+    return cfg.run.threads or PRETRAIN_THREADS
 
 
 def default_ranks() -> int:
@@ -109,6 +117,8 @@ def run(args: argparse.Namespace) -> int:
     from cluster_fl.experiments.results import find_runs
     from cluster_fl.experiments.table import summarise, to_markdown
     from cluster_fl.training.pretrain import pretrain
+
+    import torch
 
     t0 = time.perf_counter()
     # arguments are checked before anything is rendered or trained
@@ -156,6 +166,7 @@ def run(args: argparse.Namespace) -> int:
     _say(f"   corpus ready: {_manifest_line(manifest)}")
 
     _say(f"2/4 tiny speech-LLM pretrained on the public speakers -> {ckpt}")
+    torch.set_num_threads(pretrain_threads(cfg))
     result = pretrain(cfg, log=lambda m: _say("   " + m))  # returns at once when cached
     _say(f"   pretrained: {result.get('step')} steps, held-out public WER {result.get('wer')}"
          + (" (cached)" if result.get("cached") else ""))

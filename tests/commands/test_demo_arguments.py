@@ -20,3 +20,13 @@ def test_bad_demo_arguments_are_refused_before_any_work(tmp_path, extra, message
     assert proc.returncode != 0
     assert message in proc.stderr, proc.stderr[-2000:]
     assert not (tmp_path / "c").exists()  # nothing rendered, nothing trained
+
+
+def test_the_demo_pretrains_on_a_fixed_thread_count_whatever_the_cores(monkeypatch):
+    from cluster_fl.commands import demo
+    from cluster_fl.config import load_config
+
+    for cores in (1, 2, 64):
+        monkeypatch.setattr("os.cpu_count", lambda: cores)
+        assert demo.pretrain_threads(load_config(demo.DEMO_CONFIG, [])) == 2
+    assert demo.pretrain_threads(load_config(demo.DEMO_CONFIG, ["run.threads=1"])) == 1
