@@ -221,6 +221,8 @@ def build_manifest(out: Path, params: dict[str, Any]) -> dict[str, Any]:
 
     import pyarrow.parquet as pq
 
+    from cluster_fl.data.mls import file_sha256
+
     counts: dict[str, dict[str, dict[str, Any]]] = {}
     shards = []
     for path in sorted(out.glob("*/*/part-*.parquet")):
@@ -232,7 +234,7 @@ def build_manifest(out: Path, params: dict[str, Any]) -> dict[str, Any]:
         c["hours"] += float(np.sum(t.column("duration").to_numpy())) / 3600
         c["speakers"].update(t.column("speaker").to_pylist())
         shards.append({"path": str(path.relative_to(out)), "language": lang, "split": split,
-                       "rows": t.num_rows, "sha256": hashlib.sha256(path.read_bytes()).hexdigest()})
+                       "rows": t.num_rows, "sha256": file_sha256(path)})
     for per_split in counts.values():
         for c in per_split.values():
             c["speakers"], c["hours"] = len(c["speakers"]), round(c["hours"], 4)

@@ -31,15 +31,9 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from cluster_fl.data.mls import (Client, Shard, Utterance, load_utterances, read_shard,
-                                 report_problem)
+from cluster_fl.data.mls import (Client, Shard, Utterance, file_sha256, load_utterances,
+                                 read_shard, report_problem)
 from cluster_fl.errors import UserError
-
-
-def file_sha256(path: str | Path) -> str:
-    """SHA-256 of a file's bytes (the content key of a shard's cached features)."""
-    with open(path, "rb") as fh:
-        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 def _source(path: str | Path, sha256: str) -> dict[str, Any]:

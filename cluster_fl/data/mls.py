@@ -16,6 +16,7 @@ Parquet) is a one-line error naming it. Clients are speakers: one language per c
 
 from __future__ import annotations
 
+import hashlib
 import io
 import statistics
 import warnings
@@ -38,6 +39,12 @@ _ALIASES = {"speaker": ("speaker", "speaker_id"), "utterance_id": ("utterance_id
 
 class CorpusWarning(UserWarning):
     """A corpus row that could not be used (names the utterance id)."""
+
+
+def file_sha256(path: str | Path) -> str:
+    """SHA-256 of a file's bytes: a shard's content key (cached features, the corpus manifest)."""
+    with open(path, "rb") as fh:
+        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 @dataclass
