@@ -1,6 +1,7 @@
 """Where a client step's time goes on one CPU core, against what the core can do (issue 23).
 
     python bench/step_profile.py profile [key=value ...]   # one configuration, profiled
+    python bench/step_profile.py profile --config RUN/config.yaml   # a run's own workload
     python bench/step_profile.py compare [--reps 3]        # today's default against the new
                                                            # defaults, side by side
 
@@ -77,12 +78,15 @@ COPIES = ("aten::copy_", "aten::_to_copy", "aten::to", "aten::clone", "aten::con
           "aten::resolve_conj", "aten::alias")
 
 
-def _config(overrides: list[str]):
+def _config(overrides: list[str], config_file: Path | None = None):
     import cluster_fl.config as config
 
     # ``override`` was called ``replace`` before the config package (a --tree baseline has that)
     override = getattr(config, "override", None) or getattr(config, "replace")
-    cfg = cluster_config(WORK, "dp")
+    # a run's own config (a study cell's config.yaml) instead of the benchmark's work; its device
+    # and threads are the benchmark's (one core)
+    cfg = (config.load_config(config_file, ["run.device=cpu", "run.threads=1"]) if config_file
+           else cluster_config(WORK, "dp"))
     return override(cfg, dict(config.parse_override(o) for o in overrides)) if overrides else cfg
 
 
@@ -114,10 +118,12 @@ def matmul_rates(d_enc: int, d_dec: int, ffn: int, rows_enc: int, rows_dec: int,
 # --------------------------------------------------------------------------- one configuration
 
 class Timers:
-    """Wall time spent inside wrapped callables, by label."""
+    """Wall time spent inside wrapped callables, by label; client updates and local steps."""
 
     def __init__(self) -> None:
         self.t: dict[str, float] = {}
+        self.updates = 0
+        self.steps = 0
 
     def add(self, label: str, dt: float) -> None:
         self.t[label] = self.t.get(label, 0.0) + dt
@@ -142,18 +148,21 @@ class Timers:
                     self.add(label, time.perf_counter() - t0)
                     return
                 self.add(label, time.perf_counter() - t0)
+                if hasattr(item, "steps"):  # a ClientUpdate (Poisson cohorts vary in size)
+                    self.updates += 1
+                    self.steps += item.steps
                 yield item
         return timed
 
 
-def build(overrides: list[str]) -> Any:
+def build(overrides: list[str], config_file: Path | None = None) -> Any:
     import torch
 
     from cluster_fl.dist import LocalComm
     from cluster_fl.engine import setup
 
     torch.set_num_threads(1)
-    return setup.build_world(_config(overrides), LocalComm(), lambda m: None)
+    return setup.build_world(_config(overrides, config_file), LocalComm(), lambda m: None)
 
 
 def instrument(world: Any) -> Timers:
@@ -163,7 +172,7 @@ def instrument(world: Any) -> Timers:
     runner.make_batches = timers.wrap_iter("data", runner.make_batches)
     model = runner.model
     model.prepare = timers.wrap("prepare", model.prepare)
-    engine._contribute = timers.wrap("tail", engine._contribute)
+    engine.contribute = timers.wrap("tail", engine.contribute)
     runner.train_cohort = timers.wrap_iter("clients", runner.train_cohort)
     return timers
 
@@ -197,11 +206,12 @@ def categorise(prof: Any) -> dict[str, float]:
     return cats
 
 
-def profile(overrides: list[str], rounds: int = 2) -> dict[str, Any]:
+def profile(overrides: list[str], rounds: int = 2, config_file: Path | None = None,
+            top_ops: int = 0) -> dict[str, Any]:
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    world = build(overrides)
+    world = build(overrides, config_file)
     engine, state = world.engine, world.initial_state
     spec = world.model.encoder.config
     timers = instrument(world)
@@ -209,33 +219,39 @@ def profile(overrides: list[str], rounds: int = 2) -> dict[str, Any]:
     state = engine.run_round(1, state).state  # warm-up (compilation, allocator, caches)
     first = time.perf_counter() - t0
     timers.t.clear()
+    timers.updates = timers.steps = 0
     walls = []
     for r in range(2, 2 + rounds):
         t0 = time.perf_counter()
         state = engine.run_round(r, state).state
         walls.append(time.perf_counter() - t0)
-    updates = rounds * WORK.clients
+    updates, steps = max(1, timers.updates), max(1, timers.steps) / max(1, timers.updates)
     split = {k: v / updates for k, v in timers.t.items()}
     wall = sum(walls) / updates
     # training compute = the clients' time less their data loading and host preparation
     compute = split.get("clients", 0.0) - split.get("data", 0.0) - split.get("prepare", 0.0)
-    with flops_counted() as counter:
-        engine.run_round(2 + rounds, state)
-    flops = counter.get_total_flops() / WORK.clients
+    # the profiled round before the FLOP count: under FlopCounterMode's dispatch mode dynamo
+    # drops the compiled layers, and they stay eager after it (measured: a profiled round after
+    # it shows no compiled region), so a round profiled after the count would profile eager code
     with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
         t0 = time.perf_counter()
-        engine.run_round(3 + rounds, state)
+        engine.run_round(2 + rounds, state)
         prof_wall = time.perf_counter() - t0
+    timers.updates = timers.steps = 0
+    with flops_counted() as counter:
+        engine.run_round(3 + rounds, state)
+    flops = counter.get_total_flops() / max(1, timers.updates)
     cats = categorise(prof)
+    top = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:top_ops]
     cats_total = sum(cats.values())
     # the profiled round's client compute (profiling slows it): fractions of its wall time
     ops_share = {k: v / prof_wall for k, v in cats.items()}
-    rows_enc = WORK.batch_size * 110
+    batch = world.cfg.fl.batch_size
     rates = matmul_rates(spec.d_model, world.model.decoder.config.hidden_size,
-                         spec.encoder_ffn_dim, rows_enc, WORK.batch_size * 80)
-    steps = WORK.local_steps
+                         spec.encoder_ffn_dim, batch * 110, batch * 80)
     return {
-        "config": overrides, "dtype": str(world.placement.dtype).replace("torch.", ""),
+        "config": ([f"--config {config_file}"] if config_file else []) + overrides,
+        "steps_per_update": steps, "dtype": str(world.placement.dtype).replace("torch.", ""),
         "compiled": world.placement.compiled_layers > 0,
         "first_round_s": first, "round_s": statistics.median(walls),
         "updates_per_s": 1.0 / wall,
@@ -249,6 +265,8 @@ def profile(overrides: list[str], rounds: int = 2) -> dict[str, Any]:
         "flops_per_step": flops / steps, "step_s": compute / steps,
         "achieved_gflops": flops / max(compute, 1e-9) / 1e9,
         "matmul_gflops": rates,
+        "top_ops": [{"op": e.key, "calls": e.count, "self_s": e.self_cpu_time_total / 1e6,
+                     "share": e.self_cpu_time_total / 1e6 / prof_wall} for e in top],
     }
 
 
@@ -263,7 +281,8 @@ def print_profile(p: dict[str, Any]) -> None:
     print(f"client step: {p['flops_per_step'] / 1e9:.2f} GFLOP in {p['step_s'] * 1e3:.1f} ms = "
           f"{p['achieved_gflops']:.1f} GFLOP/s ({p['achieved_gflops'] / r['float32']['median']:.0%} "
           f"of the fp32 median, {p['achieved_gflops'] / r['bfloat16']['median']:.0%} of bf16's)")
-    print(f"client updates/s {p['updates_per_s']:.2f}; round {p['round_s']:.2f} s (first round, "
+    print(f"client updates/s {p['updates_per_s']:.2f} ({p['steps_per_update']:.1f} local steps "
+          f"each); round {p['round_s']:.2f} s (first round, "
           f"compile included: {p['first_round_s']:.1f} s)")
     print("time per client update:")
     for k, v in p["per_update_s"].items():
@@ -271,6 +290,10 @@ def print_profile(p: dict[str, Any]) -> None:
     print("training compute, by the profiler's self time (share of a profiled round):")
     for k, v in p["compute_split"].items():
         print(f"  {k:32s} {v:6.1%}")
+    if p["top_ops"]:
+        print("ops by self time (share of the profiled round, calls):")
+        for o in p["top_ops"]:
+            print(f"  {o['op'][:60]:60s} {o['share']:6.1%} {o['calls']:8d}")
 
 
 # --------------------------------------------------------------------------- side by side
@@ -332,13 +355,21 @@ def main() -> None:
     parser.add_argument("--json-out", type=Path)
     parser.add_argument("--tree", help="measure this source tree (set by compare)")
     parser.add_argument("--only", help="compare: variant names separated by semicolons")
+    parser.add_argument("--top", type=int, default=0,
+                        help="profile: also list the N ops with the most self time")
+    parser.add_argument("--config", type=Path,
+                        help="profile: this run config (e.g. a study cell's config.yaml) instead "
+                             "of the benchmark's work, on one core")
     args = parser.parse_intermixed_args()
-    prepare(WORK)
+    if args.config is None:
+        prepare(WORK)
+    elif args.mode != "profile":
+        parser.error("--config goes with profile")
     if args.mode == "_child":
         print(json.dumps(_child(args.overrides, args.rounds)))
         return
     if args.mode == "profile":
-        result = profile(args.overrides, args.rounds)
+        result = profile(args.overrides, args.rounds, args.config, args.top)
         print_profile(result)
     else:
         chosen = ({k: v for k, v in VARIANTS.items() if k in args.only.split(";")}

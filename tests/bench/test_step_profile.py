@@ -1,0 +1,69 @@
+"""The step profiler (bench/step_profile.py, issue 23) on a run's own config, at a tiny size.
+
+What must hold: the hooks it wraps still exist (a renamed engine method broke ``profile`` once,
+unnoticed), it counts the client updates and local steps the rounds really trained (Poisson
+cohorts vary, so the benchmark's nominal cohort would be wrong), and -- slow, it compiles -- the
+round it profiles runs the compiled layers: under FlopCounterMode dynamo drops them and they
+stay eager afterwards, so a profile taken after the FLOP count described eager code.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # bench/ is a folder of scripts, not an installed package
+    sys.path.insert(0, str(ROOT))
+
+from bench import step_profile  # noqa: E402
+
+from cluster_fl.config import dump_config, load_config  # noqa: E402
+
+STEPS, BATCH = 2, 2
+
+
+def _config_file(corpus: Path, tmp: Path, *extra: str) -> Path:
+    cfg = load_config(None, [f"data.corpus={corpus}", "data.languages=[en,de,fr]",
+                             f"run.out={tmp}", "model.arch=whisper-tinyllama-tiny",
+                             "fl.sampling=fixed", "fl.clients_per_round=3",
+                             f"fl.max_local_steps={STEPS}", f"fl.batch_size={BATCH}",
+                             "privacy.noise_multiplier=0.5", *extra])
+    path = tmp / "config.yaml"
+    path.write_text(dump_config(cfg))
+    return path
+
+
+def test_profile_counts_the_updates_and_steps_a_run_config_trains(tiny_corpus, tmp_path):
+    p = step_profile.profile(["model.compile=false"], rounds=1,
+                             config_file=_config_file(tiny_corpus, tmp_path), top_ops=5)
+    assert p["compiled"] is False
+    assert p["steps_per_update"] == pytest.approx(STEPS)
+    # the timed round trained 3 clients: the per-update split adds up to the wall time
+    parts = p["per_update_s"]
+    assert parts["wall"] > 0 and parts["compute"] > 0
+    assert sum(v for k, v in parts.items() if k != "wall") == pytest.approx(parts["wall"],
+                                                                            rel=1e-6)
+    assert p["flops_per_step"] > 0 and p["achieved_gflops"] > 0
+    assert len(p["top_ops"]) == 5 and all(o["calls"] > 0 for o in p["top_ops"])
+    assert "aten::mm" in {o["op"] for o in p["top_ops"]}
+
+
+def test_profile_refuses_a_config_with_compare(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["step_profile.py", "compare", "--config",
+                                      str(tmp_path / "c.yaml")])
+    with pytest.raises(SystemExit):
+        step_profile.main()
+    assert "--config goes with profile" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_the_profiled_round_runs_the_compiled_layers(tiny_corpus, tmp_path):
+    p = step_profile.profile(["model.compile=true"], rounds=1,
+                             config_file=_config_file(tiny_corpus, tmp_path), top_ops=200)
+    assert p["compiled"] is True
+    assert p["compute_split"]["compiled kernels"] > 0
+    ops = {o["op"] for o in p["top_ops"]}
+    assert any(op.startswith("Torch-Compiled Region") for op in ops), sorted(ops)[:20]
