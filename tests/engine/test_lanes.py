@@ -102,6 +102,9 @@ def plain_two_ranks(overrides):
     return spawn(decisions_worker, 2, overrides("plain2"), timeout_s=240)
 
 
+# four ranks (~45 s): `slow`, run by .ci/run after the default suite (the deepspeed extra is
+# installed by then); the lane of two above is the default suite's lane parity check
+@pytest.mark.slow
 @pytest.mark.parametrize("shard", [
     "fsdp2", pytest.param("deepspeed", marks=pytest.mark.skipif(
         not _has_deepspeed(), reason="the deepspeed extra is not installed"))])

@@ -23,6 +23,10 @@ from hf_checkpoints import save_whisper_llama  # noqa: E402
 
 from cluster_fl.dist import spawn  # noqa: E402
 
+# two ranks building and loading real (stand-in) checkpoints, ~25 s: `slow`, run by .ci/run after
+# the default suite; tests/distributed/test_meta_build.py keeps the meta load in the default one
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def real(tiny_corpus, reference_run, tmp_path_factory):

@@ -95,6 +95,7 @@ def test_plan_checks_that_the_packed_runs_fit_before_submission(tmp_path):
         check_packing(grid, specs)
 
 
+@pytest.mark.slow  # a grid through the local cluster (~16 s): .ci/run's slow stage runs it
 def test_two_runs_share_one_local_task_side_by_side(tiny_corpus, tmp_path):
     from cluster_fl.commands import grid as grid_cmd
     from cluster_fl.experiments.status import read_registry, read_status
