@@ -123,6 +123,7 @@ def test_a_world_that_g_does_not_divide_is_refused(overrides):
     assert "does not divide the world size 2" in out[0].error
 
 
+@pytest.mark.slow  # ~20 s; the long wait at load: test_startup.py's rank that loads 5 s late
 def test_a_rank_slower_than_the_dead_peer_timeout_does_not_fail_the_round(overrides):
     # the dead-peer limit is 3 s; rank 1 starts its first client 8 s late, so rank 0 waits
     # about 8 s in the secure sum's all-reduce: that wait has the long limit (run.wait_timeout_s)

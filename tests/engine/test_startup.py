@@ -65,6 +65,7 @@ def test_a_rank_that_loads_5_s_late_is_waited_for(overrides):
     assert [row["round"] for row in out[0]["rows"]] == [1]
 
 
+@pytest.mark.slow  # ~13 s; a killed peer within the limit: tests/distributed/test_dist_comm.py
 def test_a_rank_that_dies_while_loading_fails_the_job_within_the_dead_peer_limit(overrides,
                                                                                 tmp_path):
     marker = tmp_path / "died"

@@ -104,7 +104,14 @@ def _example(n_mels: int, seconds: float = 1.0):
     return Example(feats, "hello world", "u0", "s0", "en")
 
 
-@pytest.mark.parametrize("key", sorted(CONFIGS))
+# the two slowest shape keys (~15-20 s each on this CPU) are `slow`, run by .ci/run's slow stage:
+# the 9B decoder, and Voxtral with its encoder frozen (the frozen-encoder path runs by default
+# on both Whisper pairs, Voxtral's own widths with its encoder trained)
+SLOW_KEYS = ("whisper-eurollm-9b-", "voxtral-True-")
+
+
+@pytest.mark.parametrize("key", [pytest.param(k, marks=pytest.mark.slow)
+                                 if k.startswith(SLOW_KEYS) else k for k in sorted(CONFIGS)])
 def test_a_preset_at_real_widths_takes_a_client_step_and_decodes(key, tmp_path):
     from cluster_fl.config import override
     from cluster_fl.dist.parallelize import parallelize

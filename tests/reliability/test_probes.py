@@ -60,7 +60,9 @@ def _refused(config: Path, folder: Path, *words: str) -> str:
     return line
 
 
-@pytest.mark.parametrize("point,gap_s", [("eval-twice", 0.0), ("eval", 0.2)])
+# the second signal at once (eval-twice) is `slow` (.ci/run's slow stage); 0.2 s apart stays default
+@pytest.mark.parametrize("point,gap_s", [pytest.param("eval-twice", 0.0, marks=pytest.mark.slow),
+                                         ("eval", 0.2)])
 def test_two_sigterms_while_stopping_leave_preempted_and_exit_75(point, gap_s, tiny_corpus,
                                                                  tmp_path, reference):
     config = config_file(tiny_corpus, tmp_path)
