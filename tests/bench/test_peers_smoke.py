@@ -62,6 +62,7 @@ def _check(cells: list[dict], framework: str, privacies: list[str]) -> None:
         assert c["worker_processes"] == [1]  # --ranks 1: one process trained the clients
 
 
+@pytest.mark.slow  # ~12 s; .ci/run's bench stage runs tests/bench with its slow tests
 def test_cluster_fl_cell_counts_every_client_once(work_dir: Path, capsys) -> None:
     rc, text, cells = _drive(["--frameworks", "cluster_fl", "--ks", "1", "--privacy", "dp",
                               "--work", str(work_dir), *TINY], capsys)

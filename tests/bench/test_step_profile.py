@@ -36,6 +36,7 @@ def _config_file(corpus: Path, tmp: Path, *extra: str) -> Path:
     return path
 
 
+@pytest.mark.slow  # ~8 s; .ci/run's bench stage runs tests/bench with its slow tests
 def test_profile_counts_the_updates_and_steps_a_run_config_trains(tiny_corpus, tmp_path):
     p = step_profile.profile(["model.compile=false"], rounds=1,
                              config_file=_config_file(tiny_corpus, tmp_path), top_ops=5)
