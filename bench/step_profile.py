@@ -240,7 +240,7 @@ def profile(overrides: list[str], rounds: int = 2, config_file: Path | None = No
     timers.updates = timers.steps = 0
     with flops_counted() as counter:
         engine.run_round(3 + rounds, state)
-    flops = counter.get_total_flops() / max(1, timers.updates)
+    flops_per_step = counter.get_total_flops() / max(1, timers.steps)  # that round's own steps
     cats = categorise(prof)
     top = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:top_ops]
     cats_total = sum(cats.values())
@@ -262,8 +262,8 @@ def profile(overrides: list[str], rounds: int = 2, config_file: Path | None = No
                          - split.get("tail", 0.0)},
         "compute_split": {**{k: v for k, v in ops_share.items()},
                           "python + dispatch": max(0.0, 1.0 - cats_total / prof_wall)},
-        "flops_per_step": flops / steps, "step_s": compute / steps,
-        "achieved_gflops": flops / max(compute, 1e-9) / 1e9,
+        "flops_per_step": flops_per_step, "step_s": compute / steps,
+        "achieved_gflops": flops_per_step / max(compute / steps, 1e-9) / 1e9,
         "matmul_gflops": rates,
         "top_ops": [{"op": e.key, "calls": e.count, "self_s": e.self_cpu_time_total / 1e6,
                      "share": e.self_cpu_time_total / 1e6 / prof_wall} for e in top],
