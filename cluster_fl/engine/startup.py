@@ -51,10 +51,10 @@ def check_start(comm: Comm, folder: Path, checkpoint_round: int) -> None:
     _verdict(reports)
 
 
-def _read_token(path: Path, token: str, within_s: float | None = None) -> str | None:
-    """None when ``path`` holds ``token``, else why not (after retrying ``within_s``, by default
-    :data:`READ_WITHIN_S` as it is at the call)."""
-    deadline = time.monotonic() + (READ_WITHIN_S if within_s is None else within_s)
+def _read_token(path: Path, token: str) -> str | None:
+    """None when ``path`` holds ``token``, else why not (after retrying :data:`READ_WITHIN_S`,
+    read at the call)."""
+    deadline = time.monotonic() + READ_WITHIN_S
     delay = 0.05
     while True:
         try:
