@@ -20,7 +20,9 @@ not depend on the weights.
   host preparation of the step (``SpeechLLM.prepare``), training compute -- itself split by the
   profiler's self time into matrix work, elementwise, copies/casts, compiled (fused) kernels,
   the optimiser, and Python + dispatch (the rest) -- the per-client tail (clip, encode,
-  secure-sum add) and the round's own work (reduce, noise, server step).
+  secure-sum add) and the round's own work (reduce, noise, server step);
+* the matrix work by kind, with the GFLOP/s each kind achieves: LoRA's rank-r products, the
+  dense projections and MLPs, attention's batched products, the encoder's convolutions.
 
 ``compare`` runs each configuration in a fresh process (``--reps`` interleaved repetitions) and
 prints client updates per second in steady state, the first round (compile included) and a
@@ -206,6 +208,49 @@ def categorise(prof: Any) -> dict[str, float]:
     return cats
 
 
+def _matmul_flops(name: str, shapes: list) -> tuple[int, int]:
+    """(FLOPs, smallest dimension) of one matrix op from its input shapes; (0, 0) if unknown."""
+    # the two matrix operands: the last two inputs of rank >= 2 (addmm's bias and trailing
+    # scalars -- beta, alpha -- are skipped)
+    mats = [x for x in shapes if isinstance(x, (list, tuple)) and len(x) >= 2][-2:]
+    if len(mats) < 2:
+        return 0, 0
+    a, b = mats
+    if name in ("aten::mm", "aten::addmm") and len(a) == 2 and len(b) == 2:
+        return 2 * a[0] * a[1] * b[1], min(a[0], a[1], b[1])
+    if name in ("aten::bmm", "aten::baddbmm") and len(a) == 3 and len(b) == 3:
+        return 2 * a[0] * a[1] * a[2] * b[2], min(a[1], a[2], b[2])
+    return 0, 0
+
+
+def matrix_by_kind(events: Any, low_rank: int = 16) -> dict[str, dict[str, float]]:
+    """The matrix ops of a profile (``(name, input shapes, self seconds)``), by kind: products
+    with a dimension <= ``low_rank`` (LoRA's rank-r factors: tiny, inefficient calls), other
+    2-D products (the dense projections and MLPs), batched products (attention's scores and
+    values; stacked learners' weights), convolutions (the encoder's stem). Per kind: calls,
+    seconds, GFLOP/s (FLOPs from the shapes; none for convolutions)."""
+    out: dict[str, dict[str, float]] = {}
+    for name, shapes, self_s in events:
+        if name not in MATRIX:
+            continue
+        flops, smallest = _matmul_flops(name, shapes)
+        if "convolution" in name:
+            kind = "convolutions"
+        elif flops and smallest <= low_rank:
+            kind = f"low-rank products (a dim <= {low_rank}: LoRA)"
+        elif name in ("aten::bmm", "aten::baddbmm"):
+            kind = "batched products (attention)"
+        else:
+            kind = "dense products (projections, MLP)"
+        k = out.setdefault(kind, {"calls": 0, "s": 0.0, "flops": 0.0})
+        k["calls"] += 1
+        k["s"] += self_s
+        k["flops"] += flops
+    for k in out.values():
+        k["gflops"] = k["flops"] / k["s"] / 1e9 if k["s"] > 0 and k["flops"] else 0.0
+    return out
+
+
 def profile(overrides: list[str], rounds: int = 2, config_file: Path | None = None,
             top_ops: int = 0) -> dict[str, Any]:
     from torch.profiler import ProfilerActivity
@@ -233,7 +278,7 @@ def profile(overrides: list[str], rounds: int = 2, config_file: Path | None = No
     # the profiled round before the FLOP count: under FlopCounterMode's dispatch mode dynamo
     # drops the compiled layers, and they stay eager after it (measured: a profiled round after
     # it shows no compiled region), so a round profiled after the count would profile eager code
-    with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+    with torch_profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
         t0 = time.perf_counter()
         engine.run_round(2 + rounds, state)
         prof_wall = time.perf_counter() - t0
@@ -242,6 +287,8 @@ def profile(overrides: list[str], rounds: int = 2, config_file: Path | None = No
         engine.run_round(3 + rounds, state)
     flops_per_step = counter.get_total_flops() / max(1, timers.steps)  # that round's own steps
     cats = categorise(prof)
+    kinds = matrix_by_kind((e.name, e.input_shapes, e.self_cpu_time_total / 1e6)
+                           for e in prof.events())
     top = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:top_ops]
     cats_total = sum(cats.values())
     # the profiled round's client compute (profiling slows it): fractions of its wall time
@@ -262,6 +309,7 @@ def profile(overrides: list[str], rounds: int = 2, config_file: Path | None = No
                          - split.get("tail", 0.0)},
         "compute_split": {**{k: v for k, v in ops_share.items()},
                           "python + dispatch": max(0.0, 1.0 - cats_total / prof_wall)},
+        "matrix_by_kind": {k: {**v, "share": v["s"] / prof_wall} for k, v in kinds.items()},
         "flops_per_step": flops_per_step, "step_s": compute / steps,
         "achieved_gflops": flops_per_step / max(compute / steps, 1e-9) / 1e9,
         "matmul_gflops": rates,
@@ -290,6 +338,10 @@ def print_profile(p: dict[str, Any]) -> None:
     print("training compute, by the profiler's self time (share of a profiled round):")
     for k, v in p["compute_split"].items():
         print(f"  {k:32s} {v:6.1%}")
+    print("matrix work by kind (share of the profiled round, calls, GFLOP/s):")
+    for k, v in sorted(p["matrix_by_kind"].items(), key=lambda kv: -kv[1]["s"]):
+        rate = f"{v['gflops']:8.1f}" if v["gflops"] else f"{'-':>8s}"
+        print(f"  {k:44s} {v['share']:6.1%} {v['calls']:8d} {rate}")
     if p["top_ops"]:
         print("ops by self time (share of the profiled round, calls):")
         for o in p["top_ops"]:

@@ -50,6 +50,34 @@ def test_profile_counts_the_updates_and_steps_a_run_config_trains(tiny_corpus, t
     assert p["flops_per_step"] > 0 and p["achieved_gflops"] > 0
     assert len(p["top_ops"]) == 5 and all(o["calls"] > 0 for o in p["top_ops"])
     assert "aten::mm" in {o["op"] for o in p["top_ops"]}
+    kinds = p["matrix_by_kind"]
+    lora = kinds["low-rank products (a dim <= 16: LoRA)"]
+    assert lora["calls"] > 0 and lora["gflops"] > 0
+    assert kinds["dense products (projections, MLP)"]["calls"] > 0
+
+
+def test_matrix_by_kind_splits_lora_projections_attention_and_convolutions():
+    us = 1e-6
+    events = [("aten::mm", [[800, 4], [4, 192]], 50 * us),          # LoRA B: 2*800*4*192
+              ("aten::mm", [[192, 800], [800, 4]], 50 * us),        # LoRA B's gradient
+              ("aten::addmm", [[192], [800, 128], [128, 192], [], []], 100 * us),
+              ("aten::mm", [[800, 192], [192, 192]], 100 * us),
+              ("aten::bmm", [[32, 100, 48], [32, 48, 100]], 200 * us),
+              ("aten::baddbmm", [[4, 1, 192], [4, 200, 4], [4, 4, 192]], 10 * us),  # stacked
+              ("aten::mkldnn_convolution", [[8, 80, 300], [128, 80, 3]], 300 * us),
+              ("aten::mul", [[800, 192], [800, 192]], 999 * us)]    # not matrix work
+    kinds = step_profile.matrix_by_kind(events)
+    lora = kinds["low-rank products (a dim <= 16: LoRA)"]
+    assert lora["calls"] == 3
+    assert lora["flops"] == 2 * (2 * 800 * 4 * 192) + 2 * 4 * 200 * 4 * 192
+    dense = kinds["dense products (projections, MLP)"]
+    assert dense["calls"] == 2
+    assert dense["flops"] == 2 * 800 * 128 * 192 + 2 * 800 * 192 * 192
+    assert dense["gflops"] == pytest.approx(dense["flops"] / 200e-6 / 1e9)
+    assert kinds["batched products (attention)"]["flops"] == 2 * 32 * 100 * 48 * 100
+    assert kinds["convolutions"] == {"calls": 1, "s": pytest.approx(300e-6), "flops": 0.0,
+                                     "gflops": 0.0}
+    assert sum(k["calls"] for k in kinds.values()) == 7
 
 
 def test_profile_refuses_a_config_with_compare(tmp_path, monkeypatch, capsys):
