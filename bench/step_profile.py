@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -52,8 +53,12 @@ from bench.peers.common import Work, cluster_config, prepare  # noqa: E402
 
 WORK = Work(batch_size=8, local_steps=4, work_dir="/tmp/cluster_fl_step_profile")
 BASELINE_COMMIT = "ef1e172"  # main before issue 23: fp32, eager, random batches, PEFT hooks
-# name -> (source tree: None = this one, a commit = a worktree of it; config overrides)
-VARIANTS = {"before (ef1e172 defaults)": (BASELINE_COMMIT, []),
+# name -> (source tree: None = this one, a commit = a worktree of it; config overrides[;
+# environment]). A variant runs with the allocator the CLI would give it (cluster_fl/malloc.py:
+# jemalloc or tcmalloc when installed) unless its environment sets CLUSTER_FL_MALLOC=system; the
+# baseline predates that and runs on glibc's, as it did.
+SYSTEM_MALLOC = {"CLUSTER_FL_MALLOC": "system"}
+VARIANTS = {"before (ef1e172 defaults)": (BASELINE_COMMIT, [], SYSTEM_MALLOC),
             "fp32, eager": (None, ["model.dtype=float32", "model.compile=false"]),
             "bf16, eager": (None, ["model.dtype=bfloat16", "model.compile=false"]),
             "bf16, compiled": (None, ["model.dtype=bfloat16", "model.compile=true"]),
@@ -62,6 +67,7 @@ VARIANTS = {"before (ef1e172 defaults)": (BASELINE_COMMIT, []),
             "bf16, compiled, K=24": (None, ["model.dtype=bfloat16", "model.compile=true",
                                             "fl.clients_per_step=24"]),
             "defaults (auto)": (None, []),
+            "defaults, system malloc": (None, [], SYSTEM_MALLOC),
             # the per-client tail before it was vectorised over a block (session 12)
             "defaults, per-client tail (8a49e88)": ("8a49e88", []),
             "K=24, per-client tail (8a49e88)": ("8a49e88", ["fl.clients_per_step=24"]),
@@ -210,12 +216,14 @@ def categorise(prof: Any) -> dict[str, float]:
 
 def _matmul_flops(name: str, shapes: list) -> tuple[int, int]:
     """(FLOPs, smallest dimension) of one matrix op from its input shapes; (0, 0) if unknown."""
-    # the two matrix operands: the last two inputs of rank >= 2 (addmm's bias and trailing
-    # scalars -- beta, alpha -- are skipped)
-    mats = [x for x in shapes if isinstance(x, (list, tuple)) and len(x) >= 2][-2:]
-    if len(mats) < 2:
+    # the two matrix operands by position in the aten signature: mm(a, b), addmm(bias, a, b);
+    # what follows them (beta, alpha, a compiled graph's ``out=`` buffer) is not an operand
+    first = 1 if name in ("aten::addmm", "aten::baddbmm") else 0
+    if len(shapes) < first + 2:
         return 0, 0
-    a, b = mats
+    a, b = shapes[first], shapes[first + 1]
+    if not (isinstance(a, (list, tuple)) and isinstance(b, (list, tuple))):
+        return 0, 0
     if name in ("aten::mm", "aten::addmm") and len(a) == 2 and len(b) == 2:
         return 2 * a[0] * a[1] * b[1], min(a[0], a[1], b[1])
     if name in ("aten::bmm", "aten::baddbmm") and len(a) == 3 and len(b) == 3:
@@ -255,6 +263,8 @@ def profile(overrides: list[str], rounds: int = 2, config_file: Path | None = No
             top_ops: int = 0) -> dict[str, Any]:
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
+
+    from cluster_fl.malloc import active_malloc
 
     world = build(overrides, config_file)
     engine, state = world.engine, world.initial_state
@@ -299,6 +309,7 @@ def profile(overrides: list[str], rounds: int = 2, config_file: Path | None = No
     return {
         "config": ([f"--config {config_file}"] if config_file else []) + overrides,
         "steps_per_update": steps, "dtype": str(world.placement.dtype).replace("torch.", ""),
+        "malloc": active_malloc(),
         "compiled": world.placement.compiled_layers > 0,
         "first_round_s": first, "round_s": statistics.median(walls),
         "updates_per_s": 1.0 / wall,
@@ -321,7 +332,7 @@ def profile(overrides: list[str], rounds: int = 2, config_file: Path | None = No
 def print_profile(p: dict[str, Any]) -> None:
     r = p["matmul_gflops"]
     print(f"configuration: {' '.join(p['config']) or '(defaults)'} -> base {p['dtype']}, "
-          f"{'compiled' if p['compiled'] else 'eager'}")
+          f"{'compiled' if p['compiled'] else 'eager'}, malloc {p['malloc']}")
     print(f"core matmul rate at the model's shapes (1 thread): fp32 median "
           f"{r['float32']['median']:.0f} GFLOP/s ({r['float32']['min']:.0f}-"
           f"{r['float32']['max']:.0f}), bf16 median {r['bfloat16']['median']:.0f} "
@@ -358,8 +369,13 @@ def _child(overrides: list[str], rounds: int) -> dict[str, Any]:
         t0 = time.perf_counter()
         state = engine.run_round(r, state).state
         times.append(time.perf_counter() - t0)
+    try:
+        from cluster_fl.malloc import active_malloc
+        malloc = active_malloc()
+    except ImportError:  # a tree before cluster_fl/malloc.py: its processes ran on glibc's
+        malloc = "system"
     return {"first": times[0], "steady": statistics.median(times[1:]),
-            "dtype": str(world.placement.dtype),
+            "dtype": str(world.placement.dtype), "malloc": malloc,
             "compiled": getattr(world.placement, "compiled_layers", 0) > 0}
 
 
@@ -372,14 +388,26 @@ def source_tree(commit: str) -> Path:
     return tree
 
 
-def compare(reps: int, rounds: int, variants: dict[str, tuple[str | None, list[str]]]
-            ) -> dict[str, Any]:
+def variant_env(spec: tuple) -> dict[str, str]:
+    """The environment a variant's process runs in: ours less any preload, its own settings,
+    then the allocator the CLI would preload for them."""
+    from cluster_fl.malloc import preload_malloc
+
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "CLUSTER_FL_MALLOC")}
+    env.update(spec[2] if len(spec) > 2 else {})
+    preload_malloc(env)
+    return env
+
+
+def compare(reps: int, rounds: int, variants: dict[str, tuple]) -> dict[str, Any]:
     results: dict[str, list[dict]] = {name: [] for name in variants}
     for rep in range(reps):  # interleaved: machine noise hits every variant alike
-        for name, (commit, over) in variants.items():
+        for name, spec in variants.items():
+            commit, over = spec[0], spec[1]
             tree = ["--tree", str(source_tree(commit))] if commit else []
             cmd = [sys.executable, __file__, "_child", "--rounds", str(rounds), *tree, *over]
-            out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+            out = subprocess.run(cmd, capture_output=True, text=True, check=True,
+                                 env=variant_env(spec)).stdout
             results[name].append(json.loads(out.strip().splitlines()[-1]))
             print(f"rep {rep + 1}/{reps} {name}: {results[name][-1]}", file=sys.stderr, flush=True)
     table = {}
@@ -388,13 +416,15 @@ def compare(reps: int, rounds: int, variants: dict[str, tuple[str | None, list[s
         first = statistics.median(r["first"] for r in runs)
         table[name] = {"updates_per_s": WORK.clients / steady, "round_s": steady,
                        "first_round_s": first, "run12_s": first + 11 * steady,
-                       "dtype": runs[0]["dtype"], "compiled": runs[0]["compiled"]}
+                       "dtype": runs[0]["dtype"], "compiled": runs[0]["compiled"],
+                       "malloc": runs[0]["malloc"]}
     base = next(iter(table.values()))
     print(f"{'configuration':28s} {'updates/s':>10s} {'x':>6s} {'first round s':>14s} "
-          f"{'12-round run s':>15s} {'x':>6s}")
+          f"{'12-round run s':>15s} {'x':>6s}  malloc")
     for name, t in table.items():
         print(f"{name:28s} {t['updates_per_s']:10.2f} {t['updates_per_s'] / base['updates_per_s']:6.2f} "
-              f"{t['first_round_s']:14.1f} {t['run12_s']:15.1f} {base['run12_s'] / t['run12_s']:6.2f}")
+              f"{t['first_round_s']:14.1f} {t['run12_s']:15.1f} {base['run12_s'] / t['run12_s']:6.2f}"
+              f"  {t['malloc']}")
     return table
 
 
@@ -413,6 +443,11 @@ def main() -> None:
                         help="profile: this run config (e.g. a study cell's config.yaml) instead "
                              "of the benchmark's work, on one core")
     args = parser.parse_intermixed_args()
+    if args.mode == "profile":  # the allocator a cluster-fl process gets (cluster_fl/malloc.py)
+        from cluster_fl.malloc import preload_malloc
+
+        if preload_malloc(os.environ):
+            os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
     if args.config is None:
         prepare(WORK)
     elif args.mode != "profile":

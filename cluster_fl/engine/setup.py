@@ -28,6 +28,7 @@ from cluster_fl.engine.rundir import run_dir, run_id
 from cluster_fl.engine.server import ServerOptimizer
 from cluster_fl.errors import UserError
 from cluster_fl.groups import GroupSpec
+from cluster_fl.malloc import active_malloc
 from cluster_fl.models.registry import feature_shape, resolve_shapes
 from cluster_fl.privacy.clipping import ClipPolicy
 from cluster_fl.seeding import derive_seed
@@ -290,7 +291,7 @@ def build_world(cfg: Config, comm: Comm, log: Callable[[str], None]) -> World:
             f"({sum(g.numel for g in groups):,} parameters), {comm.world_size} rank(s) in "
             f"{layout.lanes} lane(s) of {layout.group_size}, {device}{feeder.describe()}, base "
             f"{str(placement.dtype).removeprefix('torch.')}"
-            f"{' (compiled step)' if placement.compiled_layers else ''}, "
+            f"{' (compiled step)' if placement.compiled_layers else ''}, malloc {active_malloc()}, "
             + (f"DP {cfg.privacy.clipping} C={cfg.privacy.clip_norm} "
                f"sigma={cfg.privacy.noise_multiplier}" if private else "NON-PRIVATE FedAvg"))
     return World(cfg, model, groups, state, policy, ledger, server, engine, evaluation,

@@ -58,7 +58,7 @@ def test_profile_counts_the_updates_and_steps_a_run_config_trains(tiny_corpus, t
 
 def test_matrix_by_kind_splits_lora_projections_attention_and_convolutions():
     us = 1e-6
-    events = [("aten::mm", [[800, 4], [4, 192]], 50 * us),          # LoRA B: 2*800*4*192
+    events = [("aten::mm", [[800, 4], [4, 192], [800, 192]], 50 * us),  # LoRA B (out= buffer)
               ("aten::mm", [[192, 800], [800, 4]], 50 * us),        # LoRA B's gradient
               ("aten::addmm", [[192], [800, 128], [128, 192], [], []], 100 * us),
               ("aten::mm", [[800, 192], [192, 192]], 100 * us),
