@@ -95,7 +95,11 @@ def _config(overrides: list[str], config_file: Path | None = None):
     # and threads are the benchmark's (one core)
     cfg = (config.load_config(config_file, ["run.device=cpu", "run.threads=1"]) if config_file
            else cluster_config(WORK, "dp"))
-    return override(cfg, dict(config.parse_override(o) for o in overrides)) if overrides else cfg
+    if config_file is None:  # WORK.local_steps steps a client, in a --tree baseline too (its
+        # cluster_config predates the fix that sets them: bench/peers/common.py local_epochs)
+        epochs = -(-WORK.local_steps * WORK.batch_size // WORK.utterances)
+        overrides = [f"fl.local_epochs={epochs}", *overrides]
+    return override(cfg, dict(config.parse_override(o) for o in overrides))
 
 
 # --------------------------------------------------------------------------- core rates

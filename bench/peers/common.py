@@ -71,6 +71,13 @@ class Work:
             raise ValueError("rounds, local_steps and batch_size must be >= 1")
 
     @property
+    def local_epochs(self) -> int:
+        """Passes over a client's ``utterances`` that hold ``local_steps`` batches: cluster_fl
+        stops at ``fl.max_local_steps`` within them, as the peers' loop stops cycling (without
+        it, batch 8 of 16 utterances gave cluster_fl 2 steps against the peers' 4)."""
+        return math.ceil(self.local_steps * self.batch_size / self.utterances)
+
+    @property
     def peer_bf16(self) -> bool:
         """Whether the peers' loop runs the frozen base in bf16 under autocast."""
         return self.peer_precision == "bf16" or (self.peer_precision == "auto"
@@ -130,6 +137,7 @@ def cluster_config(work: Work, privacy: str, clients_per_step: int = 1):
         "data.corpus": str(corpus(work)), "data.languages": list(LANGUAGES),
         "fl.clients_per_round": work.clients, "fl.sampling": "fixed",
         "fl.batch_size": work.batch_size, "fl.max_local_steps": work.local_steps,
+        "fl.local_epochs": work.local_epochs,
         "fl.lr": work.lr, "fl.clients_per_step": clients_per_step,
         "run.out": str(Path(work.work_dir) / "runs"), "run.threads": 1, "run.seed": work.seed,
         "run.device": work.device,

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 import subprocess
 import sys
@@ -70,13 +71,28 @@ def run_cell(cell: Cell, work: Work) -> dict:
     return res.to_dict()
 
 
-def run_cell_process(cell: Cell, work: Work, timeout_s: float) -> dict:
+def cell_env(cell: Cell, peers_malloc: bool = False) -> dict[str, str]:
+    """A cell's environment: cluster_fl's cells get the allocator its CLI preloads
+    (cluster_fl/malloc.py: jemalloc or tcmalloc when installed); the peers run on the system's,
+    as their users would run them, unless ``peers_malloc`` gives them the same."""
+    from cluster_fl.malloc import preload_malloc
+
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    if cell.framework == "cluster_fl" or peers_malloc:
+        preload_malloc(env)
+    return env
+
+
+def run_cell_process(cell: Cell, work: Work, timeout_s: float, peers_malloc: bool = False
+                     ) -> dict:
     """Run one cell in a fresh Python process; failures come back as ``{"error": ...}``."""
     cmd = [sys.executable, "-m", "bench.peers.run", "--cell", cell.to_json(),
            "--work-json", work.to_json()]
+    env = cell_env(cell, peers_malloc)
     t = time.perf_counter()
     try:
-        p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
+        p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s,
+                           env=env)
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout_s:.0f} s"}
     if p.returncode != 0:
@@ -85,6 +101,7 @@ def run_cell_process(cell: Cell, work: Work, timeout_s: float) -> dict:
                 "stderr_tail": p.stderr[-3000:]}
     out = json.loads(p.stdout.strip().splitlines()[-1])
     out["process_s"] = time.perf_counter() - t
+    out["malloc"] = os.path.basename(env.get("LD_PRELOAD", "").split(":")[0]) or "system"
     return out
 
 
@@ -129,7 +146,8 @@ def summarise(cells: list[Cell], runs: dict[Cell, list[dict]]) -> list[dict]:
                "round_s": statistics.median([s for r in ok for s in r["round_s"]]) if ok
                else None, "errors": [r["error"] for r in runs[c] if "error" in r],
                "worker_processes": sorted({r["extra"].get("worker_processes") for r in ok}
-                                          - {None})}
+                                          - {None}),
+               "malloc": sorted({r.get("malloc", "system") for r in ok})}
         rows.append(row)
     return rows
 
@@ -141,8 +159,8 @@ def table(rows: list[dict], work: Work, reps: int) -> str:
             f"{work.local_steps} AdamW steps x {work.batch_size} utterances, {work.rounds} timed "
             f"round(s) after 1 warm-up, {where}")
     lines = [head, "", f"{'framework':<11} {'privacy':<7} {'procs':>5} {'K':>3} "
-             f"{'updates/s':>10} {'min-max':>15} {'s/round':>8} {'updates':>8}",
-             "-" * 73]
+             f"{'updates/s':>10} {'min-max':>15} {'s/round':>8} {'updates':>8}  malloc",
+             "-" * 90]
     for r in rows:
         k = "-" if r["k"] is None else str(r["k"])
         if r["median_rate"] is None:
@@ -152,7 +170,7 @@ def table(rows: list[dict], work: Work, reps: int) -> str:
         spread = f"{min(r['rates']):.2f}-{max(r['rates']):.2f}"
         lines.append(f"{r['framework']:<11} {r['privacy']:<7} {r['procs']:>5} {k:>3} "
                      f"{r['median_rate']:>10.2f} {spread:>15} {r['round_s']:>8.2f} "
-                     f"{r['updates'][0]:>8}")
+                     f"{r['updates'][0]:>8}  {','.join(r.get('malloc', ['?']))}")
     for privacy in dict.fromkeys(r["privacy"] for r in rows):
         ours = [r for r in rows if r["privacy"] == privacy and r["framework"] == "cluster_fl"
                 and r["median_rate"]]
@@ -215,6 +233,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="the peers' forward: auto = bf16 autocast on a GPU, fp32 on a CPU")
     ap.add_argument("--timeout", type=float, default=3600.0, help="seconds per cell")
     ap.add_argument("--json-out", type=Path, help="also write the JSON summary here")
+    ap.add_argument("--peers-malloc", action="store_true",
+                    help="give pfl and Flower the allocator cluster_fl preloads (default: "
+                         "the system's, as their users run them)")
     ap.add_argument("--cell", help=argparse.SUPPRESS)       # internal: run one cell
     ap.add_argument("--work-json", help=argparse.SUPPRESS)  # internal: its Work
     return ap.parse_args(argv)
@@ -242,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     for rep in range(args.reps):
         shift = rep % len(cells)
         for c in cells[shift:] + cells[:shift]:  # rotated: no cell always first or last
-            res = run_cell_process(c, work, args.timeout)
+            res = run_cell_process(c, work, args.timeout, args.peers_malloc)
             runs[c].append(res)
             note = res["error"] if "error" in res else f"{res['rate']:.2f} updates/s"
             if "stderr_tail" in res:

@@ -161,3 +161,25 @@ def test_a_missing_gpu_fails_every_cell_clearly(work_dir: Path, capsys) -> None:
     assert rc == 1 and "FAILED" in text
     assert [c["median_rate"] for c in cells] == [None, None]
     assert all(c["errors"] and "cuda" in c["errors"][0].lower() for c in cells), cells
+
+
+
+@pytest.mark.parametrize("batch,steps,utterances", [(8, 4, 16), (4, 4, 16), (2, 1, 4),
+                                                    (8, 7, 16), (3, 5, 7)])
+def test_cluster_fl_takes_the_same_local_steps_as_the_peers(batch, steps, utterances,
+                                                            monkeypatch):
+    """Same work: cluster_fl's cell takes ``local_steps`` steps a client, as the peers' loop does
+    (batch 8 of 16 utterances once gave cluster_fl 2 steps against the peers' 4)."""
+    from bench.peers.common import Work, client_batches, cluster_config
+
+    from cluster_fl.engine import setup
+    from cluster_fl.engine.batched import local_steps
+
+    work = Work(batch_size=batch, local_steps=steps, utterances=utterances)
+    fl = cluster_config(work, "dp").fl
+    assert local_steps(utterances, fl.batch_size, fl.local_epochs, fl.max_local_steps) == steps
+    # the peers' loop cycles passes of ``batch``-sized batches until ``local_steps`` of them
+    monkeypatch.setattr(setup, "make_batches",
+                        lambda items, size, g: [items[i:i + size]
+                                                for i in range(0, len(items), size)])
+    assert len(list(client_batches(work, list(range(utterances)), 1, 0))) == steps
