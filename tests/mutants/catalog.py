@@ -162,4 +162,17 @@ MUTANTS: list[Mutant] = [
            ("tests/models/test_decoding.py::"
             "test_static_decode_reads_the_device_every_sync_every_tokens",),
            "the static path syncs with the host every token (a GPU stall per token) again"),
+    Mutant("malloc-preloads-again", "cluster_fl/malloc.py",
+           (("    if any(name in preloaded for name in _ALLOCATORS):",
+             "    if False:"),),
+           ("tests/commands/test_malloc.py::"
+            "test_preload_goes_first_and_an_allocator_already_preloaded_is_left_alone",),
+           "the re-executed CLI preloads again and re-executes forever (or overrides the "
+           "user's own allocator)"),
+    Mutant("peers-unequal-local-steps", "bench/peers/common.py",
+           (('        "fl.local_epochs": work.local_epochs,\n', ""),),
+           ("tests/bench/test_peers_smoke.py::"
+            "test_cluster_fl_takes_the_same_local_steps_as_the_peers",),
+           "cluster_fl takes fewer local steps than the peers: the speed ratio compares "
+           "unequal work"),
 ]
