@@ -1,11 +1,12 @@
 """A faster ``malloc`` for every cluster-fl process: jemalloc or tcmalloc, preloaded when found.
 
 A CPU client step makes ~12,000 tensor allocations a round (compiled graphs' buffers, autograd,
-the optimiser); glibc's allocator serves them slowly. Preloaded, jemalloc or tcmalloc makes a
-steady round of the study's workload ~1.35x faster on one core, with bit-identical results
-(results/LOG.md, session 16). Neither ships with pip, and a library can only replace ``malloc``
-before the process starts, so the entry point (:func:`cluster_fl.cli.main`) puts the library in
-``LD_PRELOAD`` and re-executes itself once; the ranks, grid jobs and workers it starts inherit it.
+the optimiser); glibc's allocator serves them slowly. Preloaded, jemalloc or tcmalloc made a
+steady round 1.1-1.35x faster on one core (the benchmark's work 1.25x side by side, a study
+cell 1.12x), with bit-identical results (results/LOG.md, session 16). Neither ships with pip,
+and a library can only replace ``malloc`` before the process starts, so the entry point
+(:func:`cluster_fl.cli.main`) puts the library in ``LD_PRELOAD`` and re-executes itself once;
+the ranks, grid jobs and workers it starts inherit it.
 
 ``CLUSTER_FL_MALLOC``: ``auto`` (default: the first of :data:`LIBRARIES` found in the usual
 library folders, else the system's), ``system`` (leave ``malloc`` alone), or a library's path.
