@@ -448,10 +448,9 @@ def main() -> None:
                              "of the benchmark's work, on one core")
     args = parser.parse_intermixed_args()
     if args.mode == "profile":  # the allocator a cluster-fl process gets (cluster_fl/malloc.py)
-        from cluster_fl.malloc import preload_malloc
+        from cluster_fl.malloc import reexec_with_malloc
 
-        if preload_malloc(os.environ):
-            os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
+        reexec_with_malloc()
     if args.config is None:
         prepare(WORK)
     elif args.mode != "profile":

@@ -16,7 +16,7 @@ import sys
 from typing import MutableMapping
 
 from cluster_fl.errors import UserError
-from cluster_fl.malloc import preload_malloc
+from cluster_fl.malloc import reexec_with_malloc
 
 # command -> one-line help; the implementation is cluster_fl.commands.<command with _ for ->
 COMMANDS: dict[str, str] = {
@@ -71,8 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     bound_openmp_spin(os.environ)
     if argv is None:  # the process's entry point (not a test calling main): a faster malloc
         try:
-            if preload_malloc(os.environ):  # loads only in a new process image: re-execute
-                os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
+            reexec_with_malloc()
         except UserError as exc:
             print(f"cluster-fl: error: {exc}", file=sys.stderr)
             return 2

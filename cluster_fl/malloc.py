@@ -65,6 +65,14 @@ def preload_malloc(env: MutableMapping[str, str], folders: tuple[str, ...] | Non
     return lib
 
 
+def reexec_with_malloc() -> None:
+    """Re-execute this process (same interpreter, same arguments) with the allocator
+    :func:`preload_malloc` adds to ``LD_PRELOAD``; returns when there is nothing to add. A
+    process's entry point calls it first: a library replaces ``malloc`` only in a new image."""
+    if preload_malloc(os.environ):
+        os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
+
+
 def active_malloc() -> str:
     """The allocator this process runs on: a preloaded library's name, or ``system``."""
     try:

@@ -68,7 +68,9 @@ def run_cell(cell: Cell, work: Work) -> dict:
         res = h.run_cell(work, cell.privacy, cell.procs)
     else:
         raise ValueError(f"unknown framework {cell.framework!r}")
-    return res.to_dict()
+    from cluster_fl.malloc import active_malloc
+
+    return {**res.to_dict(), "malloc": active_malloc()}  # the allocator this process ran on
 
 
 def cell_env(cell: Cell, peers_malloc: bool = False) -> dict[str, str]:
@@ -101,7 +103,6 @@ def run_cell_process(cell: Cell, work: Work, timeout_s: float, peers_malloc: boo
                 "stderr_tail": p.stderr[-3000:]}
     out = json.loads(p.stdout.strip().splitlines()[-1])
     out["process_s"] = time.perf_counter() - t
-    out["malloc"] = os.path.basename(env.get("LD_PRELOAD", "").split(":")[0]) or "system"
     return out
 
 
