@@ -352,8 +352,8 @@ def apply_compile(model: nn.Module, placement: Placement) -> int:
     (``dynamic=True``), so a run compiles at most 6 graphs whatever its utterances (the first
     encoder layer, whose input needs no gradient, the other encoder layers and the decoder layers,
     each also specialised to a one-row batch; tests/engine/test_compiled_step.py), and inductor's
-    on-disk cache serves later runs. Each attention block's q/k/v LoRA terms are computed together
-    (the model's ``share_qkv_input``: 6 LoRA products a block instead of 18; ~2% of a CPU round,
+    on-disk cache serves later runs. Each attention block's q/k/v share one LoRA down-projection
+    (the model's ``share_qkv_input``: 12 LoRA products a block instead of 18; ~3% of a CPU round,
     results/LOG.md session 17). Layers of one type share the compiled code; the glue between them (embeddings, the connector, the LM head on the
     targets) runs eagerly. Evaluation and decoding call the same compiled layers (no grad, so
     their own graphs: a decode compiles ~10 more in a fresh process, served by the on-disk cache

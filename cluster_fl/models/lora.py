@@ -74,7 +74,7 @@ class LoRALinear(nn.Module):
         self.stack: tuple[torch.Tensor, torch.Tensor] | None = None
         # set by :func:`fuse_shared_input` (compiled steps): the q/k/v group this layer is in
         self.shared: SharedInput | None = None
-        self.span = (0, base.out_features)
+        self.span = (0, rank)  # this layer's columns of the shared down-projection
 
     @property
     def weight(self) -> torch.Tensor:  # modules that read q_proj.weight (dtype, shape) see the base
@@ -82,11 +82,12 @@ class LoRALinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.base_layer(x)
+        h = self.dropout(x)
         if self.shared is not None and self.stack is None:
             lo, hi = self.span
-            return out + self.shared.terms(self, x)[..., lo:hi].to(out.dtype)
-        h = self.dropout(x)
-        if self.stack is None:
+            delta = nn.functional.linear(self.shared.down(self, h)[..., lo:hi],
+                                         self.lora_B[_ADAPTER].weight)
+        elif self.stack is None:
             delta = nn.functional.linear(nn.functional.linear(h, self.lora_A[_ADAPTER].weight),
                                          self.lora_B[_ADAPTER].weight)
         else:
@@ -98,37 +99,34 @@ class LoRALinear(nn.Module):
 
 
 class SharedInput:
-    """The LoRA terms of one attention block's q/k/v as two products: the three layers read the
-    same input, so the first computes all three terms, ``s * (x @ [Aq; Ak; Av]^T) @
-    blockdiag(Bq, Bk, Bv)^T``, and the next two take their columns of it when they get the same
-    input tensor (attention calls q, k, v in that order on one input; a different input is
-    computed afresh, so the result never depends on the order). 2 LoRA products forward and 4
+    """The LoRA down-projections of one attention block's q/k/v as one product: the three layers
+    read the same input, so the first computes ``x @ [Aq; Ak; Av]^T`` (rows x 3r) and the next two
+    take their r columns of it when they get the same input tensor (attention calls q, k, v in
+    that order on one input; a different input is computed afresh, so the result never depends
+    on the order). Each layer then applies its own B. 4 LoRA products a block forward and 8
     backward instead of 6 and 12: on a CPU these rank-r products are small, memory-bound calls
-    (~15-40 GFLOP/s against ~400 for the projections). Same sums as three separate layers, up to
-    the order of floating-point additions inside a matmul."""
+    (~15-40 GFLOP/s against ~400 for the projections). Each layer's B stays its own product, so
+    the gradients of q, k and v are never concatenated (a block-diagonal B made inductor gather
+    them, element by element, into one (rows x 3 out) tensor: slower). Same sums as three
+    separate layers, up to the order of floating-point additions inside a matmul."""
 
     def __init__(self, layers: list[LoRALinear]):
         self.layers = layers
-        self._input: torch.Tensor | None = None  # the input the terms below were computed for
-        self._terms: torch.Tensor | None = None
-        start = 0
-        for layer in layers:
-            layer.shared = self
-            layer.span = (start, start + layer.base_layer.out_features)
-            start = layer.span[1]
+        self._input: torch.Tensor | None = None  # the input the product below was computed for
+        self._down: torch.Tensor | None = None
+        for i, layer in enumerate(layers):
+            rank = layer.lora_A[_ADAPTER].weight.shape[0]
+            layer.shared, layer.span = self, (i * rank, (i + 1) * rank)
 
-    def terms(self, layer: LoRALinear, x: torch.Tensor) -> torch.Tensor:
-        """The block's LoRA terms for input ``x`` (all layers' columns, concatenated); released
-        by the last layer."""
+    def down(self, layer: LoRALinear, x: torch.Tensor) -> torch.Tensor:
+        """``x @ [Aq; Ak; Av]^T``, every layer's r columns; released by the last layer."""
         if layer is self.layers[0] or self._input is not x:
             a = torch.cat([m.lora_A[_ADAPTER].weight for m in self.layers])
-            b = torch.block_diag(*[m.lora_B[_ADAPTER].weight for m in self.layers])
-            self._input = x
-            self._terms = nn.functional.linear(nn.functional.linear(x, a), b) * layer.scaling
-        terms = self._terms
+            self._input, self._down = x, nn.functional.linear(x, a)
+        down = self._down
         if layer is self.layers[-1]:
-            self._input = self._terms = None
-        return terms
+            self._input = self._down = None
+        return down
 
 
 def share_qkv_input(model: nn.Module) -> int:

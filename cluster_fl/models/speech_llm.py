@@ -253,7 +253,7 @@ class SpeechLLM(nn.Module):
         return next(self.decoder.parameters()).device
 
     def share_qkv_input(self) -> int:
-        """Compute each attention block's q/k/v LoRA terms together (:class:`~cluster_fl.
+        """Give each attention block's q/k/v one LoRA down-projection (:class:`~cluster_fl.
         models.lora.SharedInput`); applied from outside, with compilation
         (``dist/parallelize.py``). Returns the blocks grouped."""
         from cluster_fl.models.lora import share_qkv_input

@@ -4,7 +4,7 @@
   the same seed (the same random draws in the same order), the same output;
 * a prepared step padded to buckets gives each utterance the loss it has unpadded;
 * K learners stacked in one forward give each learner its own output;
-* an attention block's q/k/v LoRA terms computed together (``share_qkv_input``) give each layer
+* an attention block's q/k/v sharing one LoRA down-projection (``share_qkv_input``) give each layer
   its own output and gradient.
 """
 

@@ -182,8 +182,7 @@ MUTANTS: list[Mutant] = [
             "test_a_shared_layer_given_another_input_computes_its_own_terms",),
            "k or v given another input than q's adds q's input's LoRA terms"),
     Mutant("shared-qkv-wrong-columns", "cluster_fl/models/lora.py",
-           (("            return out + self.shared.terms(self, x)[..., lo:hi].to(out.dtype)",
-             "            return out + self.shared.terms(self, x)[..., :hi - lo].to(out.dtype)"),),
+           (("self.shared.down(self, h)[..., lo:hi]", "self.shared.down(self, h)[..., :hi - lo]"),),
            ("tests/models/test_lora_fast_path.py::"
             "test_shared_qkv_terms_give_each_layer_its_own_output_and_gradient",),
            "k and v get q's LoRA columns: the adapters train the wrong projections"),
