@@ -188,6 +188,12 @@ def instrument(world: Any) -> Timers:
     model.prepare = timers.wrap("prepare", model.prepare)
     engine.contribute = timers.wrap("tail", engine.contribute)
     runner.train_cohort = timers.wrap_iter("clients", runner.train_cohort)
+    # a local step's parts, by wall time (no profiler: its per-op overhead inflates small ops)
+    placement = world.placement
+    placement.backward = timers.wrap("step: forward + backward", placement.backward)
+    placement.row_losses = timers.wrap("step: forward", placement.row_losses)
+    model.encode = timers.wrap("forward: encoder (stem + layers)", model.encode)
+    model._run_decoder = timers.wrap("forward: decoder layers", model._run_decoder)
     return timers
 
 
@@ -327,12 +333,25 @@ def profile(overrides: list[str], rounds: int = 2, config_file: Path | None = No
         "compute_split": {**{k: v for k, v in ops_share.items()},
                           "python + dispatch": max(0.0, 1.0 - cats_total / prof_wall)},
         "matrix_by_kind": {k: {**v, "share": v["s"] / prof_wall} for k, v in kinds.items()},
+        "step_parts_s": step_parts(split, steps),
         "flops_per_step": flops_per_step, "step_s": compute / steps,
         "achieved_gflops": flops_per_step / max(compute / steps, 1e-9) / 1e9,
         "matmul_gflops": rates,
         "top_ops": [{"op": e.key, "calls": e.count, "self_s": e.self_cpu_time_total / 1e6,
                      "share": e.self_cpu_time_total / 1e6 / prof_wall} for e in top],
     }
+
+
+def step_parts(split: dict[str, float], steps: float) -> dict[str, float]:
+    """A local step's wall time by part (seconds a step), from the timers' per-update split."""
+    per = {k: v / steps for k, v in split.items()}
+    step = (per.get("clients", 0.0) - per.get("data", 0.0) - per.get("prepare", 0.0))
+    both, fwd = per.get("step: forward + backward", 0.0), per.get("step: forward", 0.0)
+    enc, dec = per.get("forward: encoder (stem + layers)", 0.0), per.get("forward: decoder layers", 0.0)
+    return {"forward: encoder (stem + layers)": enc, "forward: decoder layers": dec,
+            "forward: the rest (connector, embeddings, LM head, loss)": max(0.0, fwd - enc - dec),
+            "backward": max(0.0, both - fwd),
+            "optimiser and the rest of the step": max(0.0, step - both)}
 
 
 def print_profile(p: dict[str, Any]) -> None:
@@ -352,6 +371,9 @@ def print_profile(p: dict[str, Any]) -> None:
     print("time per client update:")
     for k, v in p["per_update_s"].items():
         print(f"  {k:32s} {v * 1e3:8.1f} ms  {v / p['per_update_s']['wall']:6.1%}")
+    print("a local step by wall time (timers, no profiler):")
+    for k, v in p["step_parts_s"].items():
+        print(f"  {k:56s} {v * 1e3:7.2f} ms  {v / p['step_s']:6.1%}")
     print("training compute, by the profiler's self time (share of a profiled round):")
     for k, v in p["compute_split"].items():
         print(f"  {k:32s} {v:6.1%}")

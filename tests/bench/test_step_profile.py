@@ -54,6 +54,10 @@ def test_profile_counts_the_updates_and_steps_a_run_config_trains(tiny_corpus, t
     lora = kinds["low-rank products (a dim <= 16: LoRA)"]
     assert lora["calls"] > 0 and lora["gflops"] > 0
     assert kinds["dense products (projections, MLP)"]["calls"] > 0
+    # a step's parts by wall time: every part timed, together the step's own time
+    step = p["step_parts_s"]
+    assert all(v > 0 for v in step.values()), step
+    assert sum(step.values()) == pytest.approx(p["step_s"], rel=1e-6)
 
 
 def test_matrix_by_kind_splits_lora_projections_attention_and_convolutions():
