@@ -354,8 +354,8 @@ def apply_compile(model: nn.Module, placement: Placement) -> int:
     each also specialised to a one-row batch; tests/engine/test_compiled_step.py), and inductor's
     on-disk cache serves later runs. Each attention block's q/k/v share one LoRA down-projection
     (the model's ``share_qkv_input``: 12 LoRA products a block instead of 18; ~3% of a CPU round,
-    results/LOG.md session 17). Layers of one type share the compiled code; the glue between them (embeddings, the connector, the LM head on the
-    targets) runs eagerly. Evaluation and decoding call the same compiled layers (no grad, so
+    results/LOG.md session 17). Layers of one type share the compiled code; the glue between
+    them (embeddings, the connector, the LM head on the targets) runs eagerly. Evaluation and decoding call the same compiled layers (no grad, so
     their own graphs: a decode compiles ~10 more in a fresh process, served by the on-disk cache
     later). Prepared steps are rounded up to ``STEP_BUCKETS``. Returns the layers compiled."""
     import torch._dynamo

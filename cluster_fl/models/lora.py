@@ -72,7 +72,7 @@ class LoRALinear(nn.Module):
         self.scaling = alpha / rank
         self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
         self.stack: tuple[torch.Tensor, torch.Tensor] | None = None
-        # set by :func:`fuse_shared_input` (compiled steps): the q/k/v group this layer is in
+        # set by :func:`share_qkv_input` (compiled steps): the q/k/v block this layer is in
         self.shared: SharedInput | None = None
         self.span = (0, rank)  # this layer's columns of the shared down-projection
 
@@ -114,9 +114,10 @@ class SharedInput:
         self.layers = layers
         self._input: torch.Tensor | None = None  # the input the product below was computed for
         self._down: torch.Tensor | None = None
-        for i, layer in enumerate(layers):
-            rank = layer.lora_A[_ADAPTER].weight.shape[0]
-            layer.shared, layer.span = self, (i * rank, (i + 1) * rank)
+        start = 0
+        for layer in layers:
+            end = start + layer.lora_A[_ADAPTER].weight.shape[0]
+            layer.shared, layer.span, start = self, (start, end), end
 
     def down(self, layer: LoRALinear, x: torch.Tensor) -> torch.Tensor:
         """``x @ [Aq; Ak; Av]^T``, every layer's r columns; released by the last layer."""
@@ -131,13 +132,12 @@ class SharedInput:
 
 def share_qkv_input(model: nn.Module) -> int:
     """Group every attention block's q/k/v LoRA layers (:class:`SharedInput`) where all three
-    have LoRA, no dropout (PEFT draws a mask per layer) and one scaling; returns the number of
-    blocks grouped."""
+    have LoRA and no dropout (PEFT draws a mask per layer); returns the number of blocks
+    grouped."""
     n = 0
     for module in model.modules():
         layers = [getattr(module, name, None) for name in ("q_proj", "k_proj", "v_proj")]
-        if all(isinstance(m, LoRALinear) and isinstance(m.dropout, nn.Identity)
-               and m.scaling == layers[0].scaling for m in layers):
+        if all(isinstance(m, LoRALinear) and isinstance(m.dropout, nn.Identity) for m in layers):
             SharedInput(layers)  # type: ignore[arg-type]
             n += 1
     return n
