@@ -143,3 +143,21 @@ def test_only_blocks_whose_three_layers_match_are_shared():
     assert share_qkv_input(frozen) == 3  # no encoder LoRA: decoder blocks only
     dropped = build_model(ModelConfig(dtype="float32", lora_dropout=0.1))
     assert share_qkv_input(dropped) == 0  # PEFT draws a dropout mask per layer
+
+
+def test_shared_qkv_under_activation_checkpointing_gives_the_same_gradients(batch):
+    # a GPU run compiles and recomputes its layers: the recomputation calls q, k, v again
+    from cluster_fl.dist.parallelize import apply_activation_checkpointing
+
+    torch.manual_seed(0)
+    apart = build_model(ModelConfig(dtype="float32"))
+    _moved(apart)
+    shared = copy.deepcopy(apart)
+    share_qkv_input(shared)
+    assert apply_activation_checkpointing(shared) == 6
+    for model in (apart, shared):
+        model.loss(batch)[0].backward()
+    grads = {n: p.grad for n, p in shared.named_parameters() if p.requires_grad}
+    for name, p in apart.named_parameters():
+        if p.requires_grad:
+            torch.testing.assert_close(grads[name], p.grad, rtol=1e-5, atol=1e-7)
