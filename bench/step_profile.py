@@ -179,6 +179,11 @@ def build(overrides: list[str], config_file: Path | None = None) -> Any:
     return setup.build_world(_config(overrides, config_file), LocalComm(), lambda m: None)
 
 
+# the timers of a local step's parts (``instrument``, ``step_parts``)
+STEP, FORWARD = "step: forward + backward", "step: forward"
+ENCODER, DECODER = "forward: encoder (stem + layers)", "forward: decoder layers"
+
+
 def instrument(world: Any) -> Timers:
     """Timers around data loading, host preparation, the per-client tail and the step."""
     timers = Timers()
@@ -190,10 +195,10 @@ def instrument(world: Any) -> Timers:
     runner.train_cohort = timers.wrap_iter("clients", runner.train_cohort)
     # a local step's parts, by wall time (no profiler: its per-op overhead inflates small ops)
     placement = world.placement
-    placement.backward = timers.wrap("step: forward + backward", placement.backward)
-    placement.row_losses = timers.wrap("step: forward", placement.row_losses)
-    model.encode = timers.wrap("forward: encoder (stem + layers)", model.encode)
-    model._run_decoder = timers.wrap("forward: decoder layers", model._run_decoder)
+    placement.backward = timers.wrap(STEP, placement.backward)
+    placement.row_losses = timers.wrap(FORWARD, placement.row_losses)
+    model.encode = timers.wrap(ENCODER, model.encode)
+    model._run_decoder = timers.wrap(DECODER, model._run_decoder)
     return timers
 
 
@@ -345,10 +350,9 @@ def profile(overrides: list[str], rounds: int = 2, config_file: Path | None = No
 def step_parts(split: dict[str, float], steps: float) -> dict[str, float]:
     """A local step's wall time by part (seconds a step), from the timers' per-update split."""
     per = {k: v / steps for k, v in split.items()}
-    step = (per.get("clients", 0.0) - per.get("data", 0.0) - per.get("prepare", 0.0))
-    both, fwd = per.get("step: forward + backward", 0.0), per.get("step: forward", 0.0)
-    enc, dec = per.get("forward: encoder (stem + layers)", 0.0), per.get("forward: decoder layers", 0.0)
-    return {"forward: encoder (stem + layers)": enc, "forward: decoder layers": dec,
+    step = per.get("clients", 0.0) - per.get("data", 0.0) - per.get("prepare", 0.0)
+    both, fwd, enc, dec = (per.get(k, 0.0) for k in (STEP, FORWARD, ENCODER, DECODER))
+    return {ENCODER: enc, DECODER: dec,
             "forward: the rest (connector, embeddings, LM head, loss)": max(0.0, fwd - enc - dec),
             "backward": max(0.0, both - fwd),
             "optimiser and the rest of the step": max(0.0, step - both)}
