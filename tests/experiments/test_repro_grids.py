@@ -121,3 +121,23 @@ def test_the_eurollm_grid_is_the_heavy_grid_on_the_third_architecture():
         assert (cfg.fl, cfg.client, cfg.eval, cfg.data) == (ref.fl, ref.client, ref.eval, ref.data)
         assert cfg.privacy.clipping == ref.privacy.clipping
         assert cfg.privacy.noise_multiplier == ref.privacy.noise_multiplier
+
+
+@pytest.mark.parametrize("regime", ["heavy", "mild"])
+def test_the_sweep_tuned_the_study_cells_themselves(regime):
+    """PROTOCOL.md §8: a sweep cell is its study cell but for the seed and the LR -- a setting
+    changed in one grid and not the other (C, rounds, the cohort, alpha, the pools...) would
+    give a method an LR tuned for something else. Every sweep LR of every method, compared
+    key by key with the study cell of seed 0 at that LR."""
+    from cluster_fl.config import override
+
+    sweep = expand(load_grid(REPO / "configs" / "grids" / "repro-lr-sweep.yaml"))
+    study = {s.axes["method"]: s.config for s in expand(load_grid(
+        REPO / "configs" / "grids" / f"repro-{regime}.yaml")) if s.seed == 0}
+    tuned = [s for s in sweep if s.axes["condition"] == regime]
+    assert {s.axes["method"].removesuffix(f"-{regime}") for s in tuned} == set(study)
+    for s in tuned:
+        ref = override(study[s.axes["method"].removesuffix(f"-{regime}")], {
+            "fl.lr": s.config.fl.lr, "run.seed": s.seed,
+            "run.experiment": s.config.run.experiment, "run.run_id": s.config.run.run_id})
+        assert s.config == ref, s.config.run.run_id
