@@ -31,6 +31,7 @@ def test_the_sweep_picks_the_lowest_wer_and_skips_a_regime_without_runs(tmp_path
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = list(csv.DictReader((out / "picks.csv").open()))
     assert [(r["regime"], r["method"]) for r in rows] == [("heavy", "fedavg")]  # no mild rows
+    assert rows[0]["grid_method"] == "fedavg"  # the grid entry's name, as the study grids say it
     (pick,) = rows
     # WER 0.3558 / 0.3352 / 0.3439 at 1e-3 / 3e-3 / 1e-2: 3e-3, more than 0.005 below the others
     assert float(pick["lr"]) == 0.003 and float(pick["wer_mean"]) == pytest.approx(0.3352, abs=5e-5)
