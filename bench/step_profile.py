@@ -67,8 +67,6 @@ VARIANTS = {"before (ef1e172 defaults)": (BASELINE_COMMIT, [], SYSTEM_MALLOC),
             "bf16, compiled, K=24": (None, ["model.dtype=bfloat16", "model.compile=true",
                                             "fl.clients_per_step=24"]),
             "defaults (auto)": (None, []),
-            # q/k/v LoRA terms one layer at a time (before share_qkv_input, session 17)
-            "defaults, q/k/v LoRA apart (520fa37)": ("520fa37", []),
             "defaults, system malloc": (None, [], SYSTEM_MALLOC),
             # the per-client tail before it was vectorised over a block (session 12)
             "defaults, per-client tail (8a49e88)": ("8a49e88", []),

@@ -352,12 +352,11 @@ def apply_compile(model: nn.Module, placement: Placement) -> int:
     (``dynamic=True``), so a run compiles at most 6 graphs whatever its utterances (the first
     encoder layer, whose input needs no gradient, the other encoder layers and the decoder layers,
     each also specialised to a one-row batch; tests/engine/test_compiled_step.py), and inductor's
-    on-disk cache serves later runs. Each attention block's q/k/v share one LoRA down-projection
-    (the model's ``share_qkv_input``: 12 LoRA products a block instead of 18; ~3% of a CPU round,
-    results/LOG.md session 17). Layers of one type share the compiled code; the glue between
-    them (embeddings, the connector, the LM head on the targets) runs eagerly. Evaluation and decoding call the same compiled layers (no grad, so
-    their own graphs: a decode compiles ~10 more in a fresh process, served by the on-disk cache
-    later). Prepared steps are rounded up to ``STEP_BUCKETS``. Returns the layers compiled."""
+    on-disk cache serves later runs. Layers of one type share the compiled code; the glue between
+    them (embeddings, the connector, the LM head on the targets) runs eagerly. Evaluation and
+    decoding call the same compiled layers (no grad, so their own graphs: a decode compiles ~10
+    more in a fresh process, served by the on-disk cache later). Prepared steps are rounded up to
+    ``STEP_BUCKETS``. Returns the layers compiled."""
     import torch._dynamo
     import torch.fx.experimental._config as fx_config
 
@@ -365,9 +364,6 @@ def apply_compile(model: nn.Module, placement: Placement) -> int:
     # sizes that happen to be equal in the first batch must not become one symbol
     fx_config.use_duck_shape = False
     layers = _layers(model)
-    share = getattr(model, "share_qkv_input", None)  # a SpeechLLM; test doubles may lack it
-    if share is not None:
-        share()
     for layer in layers:
         layer.compile(dynamic=True)
     placement.buckets = STEP_BUCKETS

@@ -72,9 +72,6 @@ class LoRALinear(nn.Module):
         self.scaling = alpha / rank
         self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
         self.stack: tuple[torch.Tensor, torch.Tensor] | None = None
-        # set by :func:`share_qkv_input` (compiled steps): the q/k/v block this layer is in
-        self.shared: SharedInput | None = None
-        self.span = (0, rank)  # this layer's columns of the shared down-projection
 
     @property
     def weight(self) -> torch.Tensor:  # modules that read q_proj.weight (dtype, shape) see the base
@@ -83,11 +80,7 @@ class LoRALinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.base_layer(x)
         h = self.dropout(x)
-        if self.shared is not None and self.stack is None:
-            lo, hi = self.span
-            delta = nn.functional.linear(self.shared.down(self, h)[..., lo:hi],
-                                         self.lora_B[_ADAPTER].weight)
-        elif self.stack is None:
+        if self.stack is None:
             delta = nn.functional.linear(nn.functional.linear(h, self.lora_A[_ADAPTER].weight),
                                          self.lora_B[_ADAPTER].weight)
         else:
@@ -96,51 +89,6 @@ class LoRALinear(nn.Module):
             delta = torch.bmm(torch.bmm(hk, a.transpose(1, 2)), b.transpose(1, 2))
             delta = delta.reshape(*out.shape[:-1], delta.shape[-1])
         return out + (delta * self.scaling).to(out.dtype)
-
-
-class SharedInput:
-    """The LoRA down-projections of one attention block's q/k/v as one product: the three layers
-    read the same input, so the first computes ``x @ [Aq; Ak; Av]^T`` (rows x 3r) and the next two
-    take their r columns of it when they get the same input tensor (attention calls q, k, v in
-    that order on one input; a different input is computed afresh, so the result never depends
-    on the order). Each layer then applies its own B. 4 LoRA products a block forward and 8
-    backward instead of 6 and 12: on a CPU these rank-r products are small, memory-bound calls
-    (~15-40 GFLOP/s against ~400 for the projections). Each layer's B stays its own product, so
-    the gradients of q, k and v are never concatenated (a block-diagonal B made inductor gather
-    them, element by element, into one (rows x 3 out) tensor: slower). Same sums as three
-    separate layers, up to the order of floating-point additions inside a matmul."""
-
-    def __init__(self, layers: list[LoRALinear]):
-        self.layers = layers
-        self._input: torch.Tensor | None = None  # the input the product below was computed for
-        self._down: torch.Tensor | None = None
-        start = 0
-        for layer in layers:
-            end = start + layer.lora_A[_ADAPTER].weight.shape[0]
-            layer.shared, layer.span, start = self, (start, end), end
-
-    def down(self, layer: LoRALinear, x: torch.Tensor) -> torch.Tensor:
-        """``x @ [Aq; Ak; Av]^T``, every layer's r columns; released by the last layer."""
-        if layer is self.layers[0] or self._input is not x:
-            a = torch.cat([m.lora_A[_ADAPTER].weight for m in self.layers])
-            self._input, self._down = x, nn.functional.linear(x, a)
-        down = self._down
-        if layer is self.layers[-1]:
-            self._input = self._down = None
-        return down
-
-
-def share_qkv_input(model: nn.Module) -> int:
-    """Group every attention block's q/k/v LoRA layers (:class:`SharedInput`) where all three
-    have LoRA and no dropout (PEFT draws a mask per layer); returns the number of blocks
-    grouped."""
-    n = 0
-    for module in model.modules():
-        layers = [getattr(module, name, None) for name in ("q_proj", "k_proj", "v_proj")]
-        if all(isinstance(m, LoRALinear) and isinstance(m.dropout, nn.Identity) for m in layers):
-            SharedInput(layers)  # type: ignore[arg-type]
-            n += 1
-    return n
 
 
 class StackedLinear(nn.Linear):

@@ -252,14 +252,6 @@ class SpeechLLM(nn.Module):
     def device(self) -> torch.device:
         return next(self.decoder.parameters()).device
 
-    def share_qkv_input(self) -> int:
-        """Give each attention block's q/k/v one LoRA down-projection (:class:`~cluster_fl.
-        models.lora.SharedInput`); applied from outside, with compilation
-        (``dist/parallelize.py``). Returns the blocks grouped."""
-        from cluster_fl.models.lora import share_qkv_input
-
-        return share_qkv_input(self)
-
     # ---- encoder ---------------------------------------------------------------------------
     def encoder_masks(self, lengths: torch.Tensor, frames: int) -> EncoderMasks:
         """The masks of a padded batch of ``frames`` mel frames, from its lengths: computed on

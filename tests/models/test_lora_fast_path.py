@@ -3,21 +3,17 @@
 * :class:`LoRALinear` is PEFT's LoRA layer: same parameter names, the same initial values from
   the same seed (the same random draws in the same order), the same output;
 * a prepared step padded to buckets gives each utterance the loss it has unpadded;
-* K learners stacked in one forward give each learner its own output;
-* an attention block's q/k/v sharing one LoRA down-projection (``share_qkv_input``) give each layer
-  its own output and gradient.
+* K learners stacked in one forward give each learner its own output.
 """
 
 from __future__ import annotations
-
-import copy
 
 import pytest
 import torch
 
 from cluster_fl.config import ModelConfig
 from cluster_fl.models import build_model, get_trainable, set_trainable, trainable_parameters
-from cluster_fl.models.lora import LoRALinear, share_qkv_input, stacked_trainables
+from cluster_fl.models.lora import LoRALinear, stacked_trainables
 
 
 def _peft_model(cfg: ModelConfig):
@@ -93,71 +89,3 @@ def test_stacked_learners_each_get_their_own_output(batch):
     assert torch.allclose(sums[:rows], alone[0], rtol=1e-4, atol=1e-5)
     assert torch.allclose(sums[rows:], alone[1], rtol=1e-4, atol=1e-5)
     assert all(m.stack is None for m in model.modules() if isinstance(m, LoRALinear))
-
-
-def _moved(model, seed: int = 3) -> None:
-    """Trainables off their init (LoRA's B starts at zero, which would hide a wrong B)."""
-    g = torch.Generator().manual_seed(seed)
-    set_trainable(model, {k: v + 0.05 * torch.randn(v.shape, generator=g)
-                          for k, v in get_trainable(model).items()})
-
-
-def test_shared_qkv_terms_give_each_layer_its_own_output_and_gradient(batch):
-    torch.manual_seed(0)
-    apart = build_model(ModelConfig(dtype="float32"))
-    _moved(apart)
-    shared = copy.deepcopy(apart)
-    assert shared.share_qkv_input() == 6  # 3 encoder + 3 decoder attention blocks
-    losses = []
-    for model in (apart, shared):
-        loss, _ = model.loss(batch)
-        loss.backward()
-        losses.append(loss.detach())
-    assert torch.allclose(losses[0], losses[1], rtol=1e-6, atol=1e-7)
-    grads = {n: p.grad for n, p in shared.named_parameters() if p.requires_grad}
-    for name, p in apart.named_parameters():
-        if p.requires_grad:
-            assert torch.allclose(p.grad, grads[name], rtol=1e-5, atol=1e-7), name
-    # every block released what it held once v had its columns
-    assert all(m.shared._input is None for m in shared.modules()
-               if isinstance(m, LoRALinear) and m.shared is not None)
-
-
-def test_a_shared_layer_given_another_input_computes_its_own_terms():
-    torch.manual_seed(0)
-    apart = build_model(ModelConfig(dtype="float32"))
-    _moved(apart)
-    shared = copy.deepcopy(apart)
-    share_qkv_input(shared)
-    a, s = apart.decoder.model.layers[1].self_attn, shared.decoder.model.layers[1].self_attn
-    x, y = torch.randn(2, 5, 192), torch.randn(2, 5, 192)
-    with torch.no_grad():
-        assert torch.equal(s.q_proj(x), a.q_proj(x))
-        assert torch.equal(s.k_proj(y), a.k_proj(y))  # not q's input: not q's terms
-        assert torch.equal(s.v_proj(x), a.v_proj(x))
-        assert torch.equal(s.k_proj(x), a.k_proj(x))  # out of order, alone
-
-
-def test_only_blocks_whose_three_layers_match_are_shared():
-    frozen = build_model(ModelConfig(dtype="float32", freeze_encoder=True))
-    assert share_qkv_input(frozen) == 3  # no encoder LoRA: decoder blocks only
-    dropped = build_model(ModelConfig(dtype="float32", lora_dropout=0.1))
-    assert share_qkv_input(dropped) == 0  # PEFT draws a dropout mask per layer
-
-
-def test_shared_qkv_under_activation_checkpointing_gives_the_same_gradients(batch):
-    # a GPU run compiles and recomputes its layers: the recomputation calls q, k, v again
-    from cluster_fl.dist.parallelize import apply_activation_checkpointing
-
-    torch.manual_seed(0)
-    apart = build_model(ModelConfig(dtype="float32"))
-    _moved(apart)
-    shared = copy.deepcopy(apart)
-    share_qkv_input(shared)
-    assert apply_activation_checkpointing(shared) == 6
-    for model in (apart, shared):
-        model.loss(batch)[0].backward()
-    grads = {n: p.grad for n, p in shared.named_parameters() if p.requires_grad}
-    for name, p in apart.named_parameters():
-        if p.requires_grad:
-            torch.testing.assert_close(grads[name], p.grad, rtol=1e-5, atol=1e-7)
