@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 import errno
+import faulthandler
 import json
 import secrets
 import sys
@@ -95,6 +96,20 @@ def _check_existing(folder: Path, cfg: Config) -> None:
                         "or run.experiment to start a new run")
 
 
+def dump_stacks_on_fatal_signal() -> bool:
+    """A fatal signal in native code (a compiled kernel, a library) ends the process before any
+    Python handler runs: have it dump every thread's Python stack to stderr (the job's log)
+    first, so the crash names its layer and op (session 18's segfault in an inductor kernel left
+    a log that ended at the run's header). False where stderr is not a file (a notebook)."""
+    if faulthandler.is_enabled():
+        return True
+    try:
+        faulthandler.enable()
+    except (AttributeError, ValueError, OSError, RuntimeError):
+        return False
+    return True
+
+
 def run_training(cfg: Config, comm: Comm | None = None) -> Path:
     """Run (or resume) the experiment ``cfg`` and return its run folder.
 
@@ -106,6 +121,7 @@ def run_training(cfg: Config, comm: Comm | None = None) -> Path:
 
     cfg = resolve_shapes(cfg)
     folder = run_dir(cfg)
+    dump_stacks_on_fatal_signal()
     # From the first moment: a signal during setup or evaluation stops at once (Stopped), one
     # during a round stops at the round's end (the loop makes the flag deferred).
     with StopFlag(immediate=True) as stop:
