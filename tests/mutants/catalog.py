@@ -169,6 +169,10 @@ MUTANTS: list[Mutant] = [
             "test_preload_goes_first_and_an_allocator_already_preloaded_is_left_alone",),
            "the re-executed CLI preloads again and re-executes forever (or overrides the "
            "user's own allocator)"),
+    Mutant("run-dies-silently", "cluster_fl/engine/train.py",
+           (("    dump_stacks_on_fatal_signal()\n", ""),),
+           (E + "test_fatal_signal.py::test_a_segfault_in_a_run_prints_the_python_stack",),
+           "a segfault inside a compiled kernel ends a run with no trace of where (session 18)"),
     Mutant("peers-unequal-local-steps", "bench/peers/common.py",
            (('        "fl.local_epochs": work.local_epochs,\n', ""),),
            ("tests/bench/test_peers_smoke.py::"
