@@ -141,3 +141,42 @@ def test_the_sweep_tuned_the_study_cells_themselves(regime):
             "fl.lr": s.config.fl.lr, "run.seed": s.seed,
             "run.experiment": s.config.run.experiment, "run.run_id": s.config.run.run_id})
         assert s.config == ref, s.config.run.run_id
+
+
+PICKS = REPO / "results" / "repro" / "lr-sweep" / "picks.csv"
+TIE = 0.005  # PROTOCOL.md §8: ties within 0.005 WER go to the smaller LR
+
+
+def _picks() -> list[dict[str, str]]:
+    import csv
+
+    if not PICKS.exists():
+        pytest.skip(f"{PICKS.relative_to(REPO)} not committed yet (the LR sweep is running)")
+    return list(csv.DictReader(PICKS.open()))
+
+
+def test_each_pick_is_the_rule_applied_to_its_sweep_row():
+    """PROTOCOL.md §8's rule on the committed numbers: among a (regime, method)'s four sweep LRs,
+    the smallest whose WER is within 0.005 of the lowest -- and every method had all four."""
+    rows = _picks()
+    assert {r["regime"] for r in rows} == {"heavy", "mild"} and len(rows) == 18
+    for r in rows:
+        cands = sorted((float(lr), float(wer)) for lr, wer in
+                       (c.split(":") for c in r["candidates"].split()))
+        assert [lr for lr, _ in cands] == [0.0003, 0.001, 0.003, 0.01], r["grid_method"]
+        best = min(wer for _, wer in cands)
+        assert float(r["lr"]) == next(lr for lr, wer in cands if wer <= best + TIE), r
+
+
+@pytest.mark.parametrize("grid, regime", [("repro-heavy", "heavy"), ("repro-mild", "mild"),
+                                          ("repro-eurollm", "heavy"), ("repro-private", "heavy")])
+def test_every_study_cell_runs_at_its_methods_sweep_pick(grid, regime):
+    """PROTOCOL.md §8 and §13: a cell's fl.lr is the sweep's pick for its regime and method
+    (picks.csv, the sweep's grid names less the regime suffix); the EuroLLM and epsilon <= 10
+    grids take the heavy regime's picks (their alpha-split is the heavy calibrated one)."""
+    picks = {(r["regime"], r["grid_method"].removesuffix(f"-{r['regime']}")): float(r["lr"])
+             for r in _picks()}
+    alias = {"alpha-split": "alpha-split-calibrated"}  # repro-private.yaml's name
+    for s in expand(load_grid(REPO / "configs" / "grids" / f"{grid}.yaml")):
+        method = alias.get(s.axes["method"], s.axes["method"])
+        assert s.config.fl.lr == picks[regime, method], (grid, method)
