@@ -2,7 +2,8 @@
 
 DESIGN §13: a DP run's folder releases public or noised values only. :func:`scan_record` reads
 every file of a run folder an observer can read -- rounds.parquet, final.parquet, eval.parquet,
-the checkpoint's rows, log.txt, status.json, privacy.json, groups.json, config.yaml -- and lists
+the checkpoint's rows, log.txt, status.json, privacy.json, groups.json, provenance.json,
+config.yaml -- and lists
 what it finds:
 
 * ``exact_counts``: a column or key naming an exact fact of the clients (:data:`EXACT_FIELDS`:
@@ -36,7 +37,7 @@ PUBLIC = re.compile(r"^(round|rounds|denominator|epsilon|delta|diagnostics|diag_
                     r"alpha|seed|git_commit|config_json|run_id|experiment|arch|method|"
                     r"freeze_encoder|guarantee)$")
 RECORD_FILES = ("rounds.parquet", "final.parquet", "eval.parquet", "log.txt", "status.json",
-                "privacy.json", "groups.json", "skipped.json", "checkpoint")
+                "privacy.json", "groups.json", "provenance.json", "skipped.json", "checkpoint")
 STATUS_KEYS = {"state", "round", "rounds", "updated", "host", "pid", "error"}
 _CLOCK = re.compile(r"\b\d{1,2}:\d{2}:\d{2}\b")
 _DURATION = re.compile(r"(?<![\w.])\d+(\.\d+)?\s?s\b")
@@ -85,7 +86,7 @@ def scan_record(run_dir: str | Path, rows: list[dict[str, Any]] | None = None,
                 found["timing"].append(f"{name}: column {col!r}")
     if (run_dir / "skipped.json").is_file():
         found["exact_counts"].append("skipped.json: unusable rows per client")
-    for name in ("privacy.json", "groups.json"):
+    for name in ("privacy.json", "groups.json", "provenance.json"):
         path = run_dir / name
         if path.is_file():
             keys = _keys(json.loads(path.read_text()))

@@ -2,7 +2,8 @@
 
 ``<run.out>/<run.experiment>/<run_id>/`` holds config.yaml, status.json, rounds.parquet,
 final.parquet, eval.parquet, privacy.json (the privacy ledger, written ahead of every round's
-noise), groups.json, checkpoint/, log.txt and run.lock; the exact operational facts of a run live
+noise), groups.json, provenance.json (the starting model's hash and each attempt's machine),
+checkpoint/, log.txt and run.lock; the exact operational facts of a run live
 outside it, in ``<run.experiment>/.operator/`` (:mod:`cluster_fl.engine.operator_log`). Every file
 is written to a temporary name and renamed, so a crash never leaves a half-written file; the
 temporary files a killed writer leaves are removed by the next writer (:func:`clean_temp_files`). A

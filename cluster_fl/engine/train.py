@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 from cluster_fl.config import Config, build_config, to_dict, yaml_load
 from cluster_fl.engine.checkpoint import StopFlag, Stopped, load_run_checkpoint, save_run_checkpoint
 from cluster_fl.engine.operator_log import OperatorLog
+from cluster_fl.engine.provenance import record_attempt
 from cluster_fl.engine.rundir import (RESUME_TOLERATED, RunLock, append_text, clean_temp_files,
                                       git_commit, is_done, make_folder, path_names, read_status,
                                       run_dir, write_config, write_json, write_status)
@@ -195,6 +196,7 @@ def _open_run(cfg: Config, comm: Comm, folder: Path
                     _check_existing(folder, cfg)
                     removed = clean_temp_files(folder)  # what a killed writer left half-written
                     write_config(folder, cfg)
+                    record_attempt(folder, cfg)
         except UserError as exc:
             outcome, error = "error", exc
             if lock is not None:  # ours to record: the folder must not stay "running"

@@ -77,6 +77,10 @@ def test_the_resumed_run_equals_the_uninterrupted_run_bit_for_bit(preempted, ref
     assert resumed["round"] == reference_run["round"] == 2
     assert bitwise_differences(resumed["state"], reference_run["state"]) == []
     assert bitwise_differences(resumed["rows"], reference_run["rows"]) == []
+    # provenance.json: the signalled attempt and the resume, from the same (random-init) start
+    record = json.loads((folder / "provenance.json").read_text())
+    assert record["starting_model"] == {"checkpoint": None, "model_sha256": None}
+    assert len(record["attempts"]) == 2 and all(a["cpu"]["model"] for a in record["attempts"])
     # the adaptive thresholds moved between the rounds: the policy state carried over matters
     thresholds = [{k: v for k, v in r.items() if k.startswith("threshold/")}
                   for r in reference_run["rows"]]

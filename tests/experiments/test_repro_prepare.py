@@ -1,10 +1,11 @@
 """launch/repro_prepare.sh: the study's inputs are checked against the protocol's digests by
 re-hashing what is on disk -- a corpus that is not the protocol's render is refused before any
-pretraining, and a shard changed after rendering is caught even though its manifest still
-carries the old digest."""
+pretraining, a shard changed after rendering is caught even though its manifest still carries
+the old digest, and the starting model is the committed bytes (results/repro/starting-model/)."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
@@ -14,6 +15,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "launch" / "repro_prepare.sh"
+COMMITTED = REPO / "results" / "repro" / "starting-model"
 
 
 def _prepare(home: Path, *parts: str) -> subprocess.CompletedProcess[str]:
@@ -22,14 +24,31 @@ def _prepare(home: Path, *parts: str) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=120)
 
 
-def test_the_scripts_digests_are_the_ones_the_protocol_and_log_record():
+def test_the_digests_are_the_ones_the_protocol_and_log_record():
     script = SCRIPT.read_text()
     record = (REPO / "results" / "repro" / "PROTOCOL.md").read_text() + \
         (REPO / "results" / "LOG.md").read_text()
-    digests = re.findall(r"^[A-Z_0-9]+=([0-9a-f]{64})$", script, flags=re.M)
-    assert len(digests) == 4
-    for digest in digests:
+    corpora = re.findall(r"^CORPUS_[A-Z0-9]+=([0-9a-f]{64})$", script, flags=re.M)
+    models = [line.split()[0] for line in (COMMITTED / "SHA256SUMS").read_text().splitlines()]
+    assert len(corpora) == 2 and models
+    for digest in corpora + models:
         assert digest in record, digest
+
+
+def test_the_committed_starting_model_is_put_in_place_and_checked(tmp_path):
+    """The study's starting model comes from the repository's bytes, not from a rebuild on
+    whatever CPU this is; a cached copy with other bytes is refused."""
+    done = _prepare(tmp_path, "starting-model")
+    assert done.returncode == 0, done.stderr
+    placed = tmp_path / ".cache" / "cluster_fl" / "pretrain" / "corpus-v3" / \
+        "repro-joint-5600steps"
+    want = (COMMITTED / "SHA256SUMS").read_text().split()[0]
+    assert hashlib.sha256((placed / "model.pt").read_bytes()).hexdigest() == want
+    assert (placed / "meta.json").is_file() and (placed / "tokenizer" / "tokenizer.json").is_file()
+
+    (placed / "model.pt").write_bytes(b"rebuilt on another CPU")
+    refused = _prepare(tmp_path, "starting-model")
+    assert refused.returncode == 1 and f"(want {want})" in refused.stderr
 
 
 def test_a_corpus_that_is_not_the_protocols_render_is_refused(tiny_corpus, tmp_path):
