@@ -10,8 +10,8 @@ federated run's float results differ between such machines too. So a run folder 
   the first attempt: a resume whose checkpoint hashes differently stops with a one-line error
   instead of continuing a run on another model;
 * ``attempts``: one entry per start or resume, in order -- host, CPU model and the instruction-set
-  features that choose CPU kernels, accelerator, torch version, threads and the code's commit --
-  so that tables can say which machine made which run (results/repro/PROTOCOL.md §10).
+  features that choose CPU kernels, accelerator, torch version and the code's commit (threads:
+  config.yaml's) -- so that tables can say which machine made which run (PROTOCOL.md §10).
 
 Nothing here is computed from clients' data, and no time is kept (status.json's is the folder's
 only one: cluster_fl/audit/record.py reads this file too).
@@ -76,8 +76,7 @@ def attempt(cfg: Config) -> dict[str, Any]:
     accelerator = (torch.cuda.get_device_name() if device.startswith("cuda")
                    and torch.cuda.is_available() else None)
     return {"host": socket.gethostname(), "cpu": cpu(), "device": device,
-            "accelerator": accelerator, "torch": torch.__version__,
-            "threads": torch.get_num_threads(), "commit": git_commit()}
+            "accelerator": accelerator, "torch": torch.__version__, "commit": git_commit()}
 
 
 def record_attempt(folder: Path, cfg: Config) -> dict[str, Any]:
