@@ -13,11 +13,12 @@ A damaged results file is a one-line error naming it.
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Sequence
 
 from cluster_fl.errors import UserError, short_reason
-from cluster_fl.experiments.results import find_runs
+from cluster_fl.experiments.results import find_runs, mixed_starting_models
 from cluster_fl.experiments.table import BOOTSTRAP, FORMATS, summarise
 
 
@@ -60,6 +61,8 @@ def run(args: argparse.Namespace) -> int:
         runs = find_runs(args.results)
         if not runs:
             raise UserError(f"no run folders (final.parquet) under {' '.join(args.results)}")
+        for warning in mixed_starting_models(runs):
+            print(f"warning: {warning}", file=sys.stderr)
         norms = getattr(args, "norms", False)
         if norms and (args.against or args.format == "latex"):
             raise UserError("--norms writes md or csv, and not with --against")

@@ -187,3 +187,21 @@ def fmt(x: float, digits: int = 4) -> str:
     if math.isinf(x):
         return "∞"
     return f"{x:.{digits}f}"
+
+
+def mixed_starting_models(runs: Iterable[Run]) -> list[str]:
+    """One warning per architecture whose runs started from more than one model, read from their
+    ``provenance.json`` (runs without one, made before it existed, are not counted): runs of a
+    table are compared as if they shared their start, so a difference between them would mix
+    the methods' effect with the models' (a study resumed on a machine that rebuilt the model)."""
+    models: dict[str, dict[str, list[str]]] = {}
+    for run in runs:
+        path = run.folder / "provenance.json"
+        if not path.is_file():
+            continue
+        sha = json.loads(path.read_text())["starting_model"]["model_sha256"]
+        models.setdefault(run.arch, {}).setdefault(str(sha), []).append(run.folder.name)
+    return [f"the {arch} runs start from {len(by)} different models (provenance.json): "
+            + "; ".join(f"{sha[:12]}: {len(names)} run(s), e.g. {names[0]}"
+                        for sha, names in sorted(by.items()))
+            for arch, by in sorted(models.items()) if len(by) > 1]

@@ -43,12 +43,19 @@ def round0_folder(cfg: Config) -> Path:
 def evaluate_round0(cfg: Config, say: Callable[[str], None] = print) -> Path:
     """Score the starting model of ``cfg`` once (cached) and return its folder."""
     from cluster_fl.engine.metrics import read_rows, write_rows
+    from cluster_fl.engine.provenance import FILE as PROVENANCE
+    from cluster_fl.engine.provenance import model_sha256, record_attempt
     from cluster_fl.engine.train import evaluate_start
 
     folder = round0_folder(cfg)
     final_path = folder / "final.parquet"
     # a folder from before the row carried its config is redone, so it joins its cell
     cached = final_path.is_file() and bool(read_rows(final_path)[0].get("config_json"))
+    provenance = folder / PROVENANCE
+    if cached and provenance.is_file() and model_sha256(cfg.model.checkpoint) != json.loads(
+            provenance.read_text())["starting_model"]["model_sha256"]:
+        cached = False  # scored on other bytes under the same checkpoint folder: score again
+        provenance.unlink()
     if not cached:
         summary, rows = evaluate_start(cfg)
         folder.mkdir(parents=True, exist_ok=True)
@@ -58,6 +65,7 @@ def evaluate_round0(cfg: Config, say: Callable[[str], None] = print) -> Path:
             "freeze_encoder": cfg.model.freeze_encoder, "method": "round-0", "seed": cfg.run.seed,
             "rounds": 0, "epsilon": 0.0, "delta": cfg.privacy.delta, **summary,
             "config_json": json.dumps(to_dict(cfg), sort_keys=True, default=str)}])
+        record_attempt(folder, cfg)
     final = read_rows(final_path)[0]
     say(f"   round 0 (the starting model, before federated training): WER "
         f"{final.get('wer', float('nan')):.4f} on the same evaluation set"

@@ -106,3 +106,34 @@ def test_round0_scores_one_starting_model_per_seed(tmp_path, tiny_corpus):
     flat0, split0, flat1 = start(0, "flat"), start(0, "alpha-split"), start(1, "flat")
     assert flat0 and all(torch.equal(flat0[k], split0[k]) for k in flat0)
     assert not all(torch.equal(flat0[k], flat1[k]) for k in flat0)
+
+
+def test_a_cached_score_of_other_bytes_under_the_same_checkpoint_is_redone(tmp_path, monkeypatch):
+    """provenance.json: round-0 is cached by its folder, whose name knows the checkpoint's folder
+    name only; a starting model rebuilt under that name (another CPU) is scored again."""
+    import json
+
+    import cluster_fl.engine.train as train
+    from cluster_fl.config import build_config, override
+    from cluster_fl.experiments.round0 import evaluate_round0
+
+    calls: list[int] = []
+
+    def fake_start(cfg):
+        calls.append(1)
+        return {"wer": 0.5 + len(calls)}, [{"utt": "a", "errors": 1, "words": 2}]
+
+    monkeypatch.setattr(train, "evaluate_start", fake_start)
+    checkpoint = tmp_path / "ck"
+    checkpoint.mkdir()
+    (checkpoint / "model.pt").write_bytes(b"first build")
+    cfg = override(build_config({}), {"model.checkpoint": str(checkpoint),
+                                      "run.out": str(tmp_path / "results"),
+                                      "run.experiment": "r0"})
+    folder = evaluate_round0(cfg, say=lambda s: None)
+    assert evaluate_round0(cfg, say=lambda s: None) == folder and len(calls) == 1  # cached
+    (checkpoint / "model.pt").write_bytes(b"rebuilt on another CPU")
+    evaluate_round0(cfg, say=lambda s: None)
+    assert len(calls) == 2 and read_rows(folder / "final.parquet")[0]["wer"] == 2.5
+    record = json.loads((folder / "provenance.json").read_text())
+    assert len(record["attempts"]) == 1  # the new score's, not appended to the old one's

@@ -223,3 +223,26 @@ def test_research_runs_are_tabled_as_simulation_and_secure_runs_as_valid(tmp_pat
 
     cells = {r["method"]: r["guarantee"] for r in csv.DictReader(out.read_text().splitlines())}
     assert cells["uniform"] == "simulation" and cells["flat"] == "simulation"
+
+
+def test_runs_from_different_starting_models_are_named_on_stderr(tmp_path, capsys):
+    """provenance.json's starting-model hash: a table over runs of one architecture that
+    started from two models says so (a study resumed where the model was rebuilt otherwise)."""
+    import json
+
+    def provenance(folder, sha):
+        (folder / "provenance.json").write_text(json.dumps(
+            {"format": 1, "starting_model": {"checkpoint": "ck", "model_sha256": sha},
+             "attempts": []}))
+
+    for seed, sha in enumerate(["a" * 64, "a" * 64]):
+        provenance(write_run(tmp_path / f"flat{seed}", seed=seed), sha)
+    write_run(tmp_path / "old", seed=2)  # made before provenance.json: not counted
+    assert main(["table", str(tmp_path), "--bootstrap", "100"]) == 0
+    assert "different models" not in capsys.readouterr().err
+
+    provenance(write_run(tmp_path / "uniform0", method="uniform"), "b" * 64)
+    assert main(["table", str(tmp_path), "--bootstrap", "100"]) == 0
+    err = capsys.readouterr().err
+    assert "warning: the whisper-tinyllama-tiny runs start from 2 different models" in err
+    assert "aaaaaaaaaaaa: 2 run(s)" in err and "bbbbbbbbbbbb: 1 run(s), e.g. uniform0" in err

@@ -173,6 +173,17 @@ MUTANTS: list[Mutant] = [
            (("    dump_stacks_on_fatal_signal()\n", ""),),
            (E + "test_fatal_signal.py::test_a_segfault_in_a_run_prints_the_python_stack",),
            "a segfault inside a compiled kernel ends a run with no trace of where (session 18)"),
+    Mutant("resume-on-another-model", "cluster_fl/engine/provenance.py",
+           (("        if first != sha:", "        if False:"),),
+           (E + "test_provenance.py::"
+            "test_the_first_attempt_fixes_the_starting_model_and_a_changed_one_is_refused",),
+           "a run resumed where its checkpoint was rebuilt (another CPU: another model, session "
+           "19) goes on from other weights than it began with"),
+    Mutant("round0-cache-ignores-the-bytes", "cluster_fl/experiments/round0.py",
+           (("        cached = False  # scored on other bytes", "        pass  # scored on other bytes"),),
+           (X + "test_round0.py::"
+            "test_a_cached_score_of_other_bytes_under_the_same_checkpoint_is_redone",),
+           "round-0 keeps the score of a starting model the study no longer uses"),
     Mutant("peers-unequal-local-steps", "bench/peers/common.py",
            (('        "fl.local_epochs": work.local_epochs,\n', ""),),
            ("tests/bench/test_peers_smoke.py::"
