@@ -75,3 +75,18 @@ def test_a_corpus_that_is_not_the_protocols_render_is_refused(tiny_corpus, tmp_p
 def test_an_unknown_part_is_a_usage_error(tmp_path):
     done = _prepare(tmp_path, "everything")
     assert done.returncode == 2 and "usage:" in done.stderr
+
+
+def test_the_study_script_runs_the_protocols_grids_and_refuses_an_unknown_step(tmp_path):
+    """launch/repro_study.sh: each grid it names exists; a typo stops before anything runs."""
+    study = REPO / "launch" / "repro_study.sh"
+    code = "\n".join(line for line in study.read_text().splitlines()
+                     if not line.lstrip().startswith("#"))
+    named = set(re.findall(r"\bgrid ([a-z-]+|\"\$step\")", code))
+    grids = {n for n in named if not n.startswith('"')} | {"heavy", "mild"}  # "$step"
+    assert grids == {"lr-sweep", "heavy", "mild", "eurollm", "private"}
+    for name in grids:
+        assert (REPO / "configs" / "grids" / f"repro-{name}.yaml").is_file(), name
+    done = subprocess.run(["bash", str(study), "sweeep"], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "HOME": str(tmp_path)})
+    assert done.returncode == 2 and "usage:" in done.stderr
