@@ -1,8 +1,13 @@
 """``cluster-fl demo``: the embedded default, end to end, on CPU (DESIGN §11).
 
 1. builds the synthetic 8-language corpus (eSpeak NG) in the cache, once;
-2. pretrains the tiny speech-LLM on the public speakers for a budget of steps (the same model on
-   a fast and a slow machine), once (cached per step budget);
+2. takes the study's starting model: the tiny speech-LLM pretrained on the public speakers for
+   5,600 steps (``configs/pretrain-repro.yaml``), whose bytes a checkout commits under
+   ``results/repro/starting-model/`` -- copied into the cache and checked against its SHA-256, so
+   every machine starts from the same model (a step budget fixes a model for a machine's speed,
+   not for its CPU's kernels: PROTOCOL §6). Where there is none (an installed wheel, a reduced
+   corpus, another architecture) or ``--pretrain-steps`` asks for it, the demo pretrains its own
+   for a budget of steps instead, once (cached per step budget);
 3. runs the study's heavy regime (``assets/demo-heavy.yaml``: a fresh connector that federated
    training has to learn, encoder LR x 0.1, the paper's σ and per-layer thresholds) for each
    method -- flat, α-split, uniform by default -- on the private speakers, through the same
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -47,6 +53,9 @@ METHODS = {
 }
 DEFAULT_METHODS = ("flat", "alpha-split", "uniform")  # ~2.3 min each on 2 cores
 PRETRAIN_THREADS = 2  # the demo's pretraining threads on any machine (its starting model's bytes)
+# a checkout's committed starting models (launch/repro_prepare.sh places them for the study)
+COMMITTED = Path(__file__).resolve().parents[2] / "results" / "repro" / "starting-model"
+STARTING_MODEL = "repro-joint-5600steps"  # the study's (PROTOCOL §6): 5,600 steps, corpus-v3
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -60,7 +69,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--speakers-per-language", type=int, default=None,
                         help="private speakers per language (smaller corpus, for quick checks)")
     parser.add_argument("--pretrain-steps", type=int, default=None,
-                        help="pretraining budget in steps (default: the demo config's)")
+                        help="pretrain the demo's own starting model for this many steps instead "
+                             "of taking the committed one (without one: the demo config's budget)")
     parser.add_argument("--pretrain-minutes", type=float, default=None,
                         help="a wall-clock cap on pretraining: when it cuts the step budget short "
                              "the demo stops with a message and the next call resumes")
@@ -74,6 +84,34 @@ def pretrain_threads(cfg) -> int:  # noqa: ANN001 - a Config
     cores -- a float sum split over another number of threads rounds differently, and 120 steps
     at 1 and 2 threads already give different checkpoints (results/LOG.md, session 14)."""
     return cfg.run.threads or PRETRAIN_THREADS
+
+
+def committed_starting_model(cache: Path, corpus: Path, arch: str,
+                             committed: Path = COMMITTED) -> Path | None:
+    """The study's committed starting model, placed in ``cache`` where ``launch/repro_prepare.sh``
+    puts it and checked against ``SHA256SUMS``; None where there is none for ``arch`` (an installed
+    wheel has no ``results/``). A copy whose bytes differ is refused, never used."""
+    from cluster_fl.engine.provenance import model_sha256
+    from cluster_fl.models.checkpoint import read_meta
+
+    source, sums = committed / STARTING_MODEL, committed / "SHA256SUMS"
+    if not (sums.is_file() and (source / "model.pt").is_file()
+            and read_meta(source).get("arch") == arch):
+        return None
+    want = next((line.split()[0] for line in sums.read_text().splitlines()
+                 if line.split()[1:] == [f"{STARTING_MODEL}/model.pt"]), None)
+    dest = cache / "pretrain" / corpus.name / STARTING_MODEL
+    if not (dest / "model.pt").is_file():  # copied whole or not at all
+        partial = dest.with_name(dest.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        shutil.copytree(source, partial)
+        shutil.rmtree(dest, ignore_errors=True)
+        partial.rename(dest)
+    got = model_sha256(str(dest))
+    if want is None or got != want:
+        raise UserError(f"the starting model in {dest} has SHA-256 {got}, {sums} wants {want}; "
+                        f"delete {dest} to copy it again from {source}")
+    return dest
 
 
 def default_ranks() -> int:
@@ -116,6 +154,7 @@ def run(args: argparse.Namespace) -> int:
     from cluster_fl.experiments.compare import compare, comparisons_markdown
     from cluster_fl.experiments.results import find_runs
     from cluster_fl.experiments.table import summarise, to_markdown
+    from cluster_fl.models.checkpoint import read_meta
     from cluster_fl.training.pretrain import pretrain
 
     import torch
@@ -165,11 +204,19 @@ def run(args: argparse.Namespace) -> int:
     manifest = make_corpus(corpus, languages=langs, seed=cfg.run.seed, **kwargs)
     _say(f"   corpus ready: {_manifest_line(manifest)}")
 
-    _say(f"2/4 tiny speech-LLM pretrained on the public speakers -> {ckpt}")
-    torch.set_num_threads(pretrain_threads(cfg))
-    result = pretrain(cfg, log=lambda m: _say("   " + m))  # returns at once when cached
-    _say(f"   pretrained: {result.get('step')} steps, held-out public WER {result.get('wer')}"
-         + (" (cached)" if result.get("cached") else ""))
+    own = reduced or args.pretrain_steps is not None or args.pretrain_minutes is not None
+    committed = None if own else committed_starting_model(cache, corpus, cfg.model.arch)
+    if committed is not None:
+        ckpt = committed
+        meta = read_meta(ckpt)
+        _say(f"2/4 the study's starting model ({meta.get('step')} pretraining steps, held-out "
+             f"public WER {meta.get('wer', float('nan')):.3f}; SHA-256 checked) -> {ckpt}")
+    else:
+        _say(f"2/4 tiny speech-LLM pretrained on the public speakers -> {ckpt}")
+        torch.set_num_threads(pretrain_threads(cfg))
+        result = pretrain(cfg, log=lambda m: _say("   " + m))  # returns at once when cached
+        _say(f"   pretrained: {result.get('step')} steps, held-out public WER {result.get('wer')}"
+             + (" (cached)" if result.get("cached") else ""))
     cfg = override(cfg, {"model.checkpoint": str(ckpt)})
     population = count_clients(cfg.data)
     if cfg.fl.clients_per_round > population:  # a reduced corpus: cohort = everyone
