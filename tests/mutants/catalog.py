@@ -184,6 +184,19 @@ MUTANTS: list[Mutant] = [
            (X + "test_round0.py::"
             "test_a_cached_score_of_other_bytes_under_the_same_checkpoint_is_redone",),
            "round-0 keeps the score of a starting model the study no longer uses"),
+    Mutant("demo-trusts-a-changed-starting-model", "cluster_fl/commands/demo.py",
+           (("    if want is None or got != want:", "    if want is None:"),),
+           ("tests/commands/test_demo_starting_model.py::"
+            "test_a_cached_copy_with_other_bytes_is_refused",
+            "tests/commands/test_demo_starting_model.py::"
+            "test_a_committed_model_that_does_not_match_its_sums_is_refused"),
+           "the demo starts from whatever bytes sit in the cache, not the committed model"),
+    Mutant("demo-pretrains-despite-a-committed-model", "cluster_fl/commands/demo.py",
+           (("    committed = None if own else committed_starting_model(",
+             "    committed = None if True else committed_starting_model("),),
+           ("tests/commands/test_demo_starting_model.py::"
+            "test_the_demo_takes_the_committed_model_unless_asked_to_pretrain",),
+           "the demo draws its own starting model again: another CPU, another verdict"),
     Mutant("peers-unequal-local-steps", "bench/peers/common.py",
            (('        "fl.local_epochs": work.local_epochs,\n', ""),),
            ("tests/bench/test_peers_smoke.py::"
