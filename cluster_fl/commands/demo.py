@@ -51,7 +51,7 @@ METHODS = {
     "size": {"privacy.clipping": "size"},
     "size-ema": {"privacy.clipping": "size-ema"},
 }
-DEFAULT_METHODS = ("flat", "alpha-split", "uniform")  # ~2.3 min each on 2 cores
+DEFAULT_METHODS = ("flat", "alpha-split", "uniform")  # ~2 min each on 2 cores (AMD, session 20)
 PRETRAIN_THREADS = 2  # the demo's pretraining threads on any machine (its starting model's bytes)
 # a checkout's committed starting models (launch/repro_prepare.sh places them for the study)
 COMMITTED = Path(__file__).resolve().parents[2] / "results" / "repro" / "starting-model"
