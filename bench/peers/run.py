@@ -25,7 +25,7 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: make `bench.peers` importable
@@ -41,12 +41,18 @@ class Cell:
     framework: str
     privacy: str
     procs: int
-    k: int | None = None
+    k: int | None = None          # cluster_fl's fl.clients_per_step
+    precision: str | None = None  # a peer's forward: fp32 or bf16 (autocast); None: the Work's
 
     @property
     def label(self) -> str:
         k = f" K={self.k}" if self.k is not None else ""
-        return f"{self.framework} {self.privacy} {self.procs}p{k}"
+        prec = f" {self.precision}" if self.precision else ""
+        return f"{self.framework} {self.privacy} {self.procs}p{k}{prec}"
+
+    def work(self, work: Work) -> Work:
+        """The Work this cell runs: the peers' precision set to the cell's."""
+        return replace(work, peer_precision=self.precision) if self.precision else work
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__)
@@ -89,7 +95,7 @@ def run_cell_process(cell: Cell, work: Work, timeout_s: float, peers_malloc: boo
                      ) -> dict:
     """Run one cell in a fresh Python process; failures come back as ``{"error": ...}``."""
     cmd = [sys.executable, "-m", "bench.peers.run", "--cell", cell.to_json(),
-           "--work-json", work.to_json()]
+           "--work-json", cell.work(work).to_json()]
     env = cell_env(cell, peers_malloc)
     t = time.perf_counter()
     try:
@@ -106,8 +112,22 @@ def run_cell_process(cell: Cell, work: Work, timeout_s: float, peers_malloc: boo
     return out
 
 
+def peer_precisions(choice: str, device: str) -> list[str]:
+    """The peers' forward precisions to measure. ``best``: on a CPU both fp32 and bf16 autocast
+    (which is faster depends on the core: cluster_fl's own eager step was slower in bf16 on the
+    Intel AMX core, pfl-research's loop 1.28x faster in bf16 on an AMD core with AVX-512-BF16,
+    results/LOG.md sessions 11 and 21; the faster cell is the peer's figure), on a GPU bf16 autocast (what their users write there);
+    ``auto``: bf16 on a GPU, fp32 on a CPU; ``fp32`` / ``bf16``: that one."""
+    if choice == "best":
+        return ["fp32", "bf16"] if device == "cpu" else ["bf16"]
+    if choice == "auto":
+        return ["fp32"] if device == "cpu" else ["bf16"]
+    return [choice]
+
+
 def cells_for(args: argparse.Namespace) -> list[Cell]:
     cells = []
+    precisions = peer_precisions(args.peer_precision, args.device)
     for privacy in args.privacy:
         for fw in args.frameworks:
             for procs in args.ranks:
@@ -115,7 +135,7 @@ def cells_for(args: argparse.Namespace) -> list[Cell]:
                     ks = args.ks if procs == 1 else [k for k in args.multi_ks]
                     cells += [Cell(fw, privacy, procs, k) for k in ks]
                 else:
-                    cells.append(Cell(fw, privacy, procs))
+                    cells += [Cell(fw, privacy, procs, precision=p) for p in precisions]
     return cells
 
 
@@ -154,23 +174,22 @@ def summarise(cells: list[Cell], runs: dict[Cell, list[dict]]) -> list[dict]:
 
 
 def table(rows: list[dict], work: Work, reps: int) -> str:
-    where = ("1 torch thread per process" if work.device == "cpu" else
-             f"on {work.device}, peers in {'bf16 autocast' if work.peer_bf16 else 'fp32'}")
+    where = "1 torch thread per process" if work.device == "cpu" else f"on {work.device}"
     head = (f"client updates/s, median of {reps} interleaved rep(s); {work.clients} clients/round, "
             f"{work.local_steps} AdamW steps x {work.batch_size} utterances, {work.rounds} timed "
             f"round(s) after 1 warm-up, {where}")
-    lines = [head, "", f"{'framework':<11} {'privacy':<7} {'procs':>5} {'K':>3} "
+    lines = [head, "", f"{'framework':<11} {'privacy':<7} {'procs':>5} {'K':>3} {'peer':>5} "
              f"{'updates/s':>10} {'min-max':>15} {'s/round':>8} {'updates':>8}  malloc",
-             "-" * 90]
+             "-" * 96]
     for r in rows:
         k = "-" if r["k"] is None else str(r["k"])
+        prec = r.get("precision") or "-"
+        cell = f"{r['framework']:<11} {r['privacy']:<7} {r['procs']:>5} {k:>3} {prec:>5}"
         if r["median_rate"] is None:
-            lines.append(f"{r['framework']:<11} {r['privacy']:<7} {r['procs']:>5} {k:>3} "
-                         f"{'FAILED':>10}  {r['errors'][0] if r['errors'] else ''}")
+            lines.append(f"{cell} {'FAILED':>10}  {r['errors'][0] if r['errors'] else ''}")
             continue
         spread = f"{min(r['rates']):.2f}-{max(r['rates']):.2f}"
-        lines.append(f"{r['framework']:<11} {r['privacy']:<7} {r['procs']:>5} {k:>3} "
-                     f"{r['median_rate']:>10.2f} {spread:>15} {r['round_s']:>8.2f} "
+        lines.append(f"{cell} {r['median_rate']:>10.2f} {spread:>15} {r['round_s']:>8.2f} "
                      f"{r['updates'][0]:>8}  {','.join(r.get('malloc', ['?']))}")
     for privacy in dict.fromkeys(r["privacy"] for r in rows):
         ours = [r for r in rows if r["privacy"] == privacy and r["framework"] == "cluster_fl"
@@ -180,8 +199,9 @@ def table(rows: list[dict], work: Work, reps: int) -> str:
         if ours and peers:
             a = max(ours, key=lambda r: r["median_rate"])
             b = max(peers, key=lambda r: r["median_rate"])
+            prec = f" {b['precision']}" if b.get("precision") else ""
             lines.append(f"{privacy}: best cluster_fl ({a['procs']}p K={a['k']}) / best peer "
-                         f"({b['framework']} {b['procs']}p) = "
+                         f"({b['framework']} {b['procs']}p{prec}) = "
                          f"{a['median_rate'] / b['median_rate']:.2f}x")
         k1 = {r["procs"]: r for r in ours if r["k"] == 1}
         for r in ours:
@@ -229,9 +249,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--local-steps", type=int, default=d.local_steps)
     ap.add_argument("--device", default=d.device,
                     help="cpu, or cuda / cuda:N: every framework trains on that one GPU")
-    ap.add_argument("--peer-precision", choices=["auto", "fp32", "bf16"],
-                    default=d.peer_precision,
-                    help="the peers' forward: auto = bf16 autocast on a GPU, fp32 on a CPU")
+    ap.add_argument("--peer-precision", choices=["best", "auto", "fp32", "bf16"],
+                    default="best",
+                    help="the peers' forward: best (default) = each peer measured in fp32 and "
+                         "in bf16 autocast on a CPU (its faster one is compared), bf16 autocast "
+                         "on a GPU; auto = bf16 on a GPU, fp32 on a CPU; fp32; bf16")
     ap.add_argument("--timeout", type=float, default=3600.0, help="seconds per cell")
     ap.add_argument("--json-out", type=Path, help="also write the JSON summary here")
     ap.add_argument("--peers-malloc", action="store_true",
@@ -252,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
         work = Work(work_dir=str(args.work), speakers_per_language=args.speakers_per_language,
                     utterances=args.utterances, clients=args.clients,
                     batch_size=args.batch_size, local_steps=args.local_steps,
-                    rounds=args.rounds, device=args.device, peer_precision=args.peer_precision)
+                    rounds=args.rounds, device=args.device)
     except ValueError as exc:
         print(f"bench.peers.run: {exc}", file=sys.stderr)
         return 2

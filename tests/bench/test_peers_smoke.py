@@ -26,6 +26,7 @@ from bench.peers import run  # noqa: E402
 
 ROUNDS, CLIENTS = 2, 3  # 3 of a population of 4: the cohort is a real sample
 TINY = ["--rounds", str(ROUNDS), "--reps", "1", "--speakers-per-language", "2",
+        "--peer-precision", "auto",
         "--utterances", "4", "--clients", str(CLIENTS), "--batch-size", "2",
         "--local-steps", "1", "--ranks", "1", "--timeout", "300"]
 
@@ -90,13 +91,26 @@ def test_flower_cell_counts_every_client_once(work_dir: Path, capsys) -> None:
 
 
 def test_default_matrix_is_issue_13s() -> None:
+    """Issue 13's matrix; on a CPU each peer in both precisions (its faster one is the peer)."""
     cells = run.cells_for(run.parse_args([]))
     labels = {c.label for c in cells}
     for privacy in ("dp", "fedavg"):
         assert {f"cluster_fl {privacy} 1p K={k}" for k in (1, 4, 16)} <= labels
         assert {f"cluster_fl {privacy} 2p K={k}" for k in (1, 16)} <= labels
-        assert {f"{fw} {privacy} {p}p" for fw in ("pfl", "flower") for p in (1, 2)} <= labels
-    assert len(cells) == 18
+        assert {f"{fw} {privacy} {p}p {prec}" for fw in ("pfl", "flower") for p in (1, 2)
+                for prec in ("fp32", "bf16")} <= labels
+    assert len(cells) == 26
+    gpu = run.cells_for(run.parse_args(["--device", "cuda"]))
+    assert {c.precision for c in gpu if c.framework != "cluster_fl"} == {"bf16"}
+    fp32 = run.cells_for(run.parse_args(["--peer-precision", "auto"]))
+    assert {c.precision for c in fp32 if c.framework != "cluster_fl"} == {"fp32"}
+
+
+def test_a_cells_precision_reaches_the_peers_work() -> None:
+    work = run.Work()
+    assert run.Cell("pfl", "dp", 1, precision="bf16").work(work).peer_bf16
+    assert not run.Cell("pfl", "dp", 1, precision="fp32").work(work).peer_bf16
+    assert run.Cell("cluster_fl", "dp", 1, 1).work(work) == work
 
 
 def test_table_reports_failures_and_ratios() -> None:
@@ -104,13 +118,17 @@ def test_table_reports_failures_and_ratios() -> None:
              "median_rate": 2.0, "updates": [48], "round_s": 12.0, "errors": []},
             {"framework": "cluster_fl", "privacy": "dp", "procs": 1, "k": 16, "rates": [6.0],
              "median_rate": 6.0, "updates": [48], "round_s": 4.0, "errors": []},
+            {"framework": "pfl", "privacy": "dp", "procs": 1, "k": None, "rates": [2.5],
+             "median_rate": 2.5, "updates": [48], "round_s": 9.6, "errors": [],
+             "precision": "fp32"},
             {"framework": "pfl", "privacy": "dp", "procs": 1, "k": None, "rates": [3.0],
-             "median_rate": 3.0, "updates": [48], "round_s": 8.0, "errors": []},
+             "median_rate": 3.0, "updates": [48], "round_s": 8.0, "errors": [],
+             "precision": "bf16"},
             {"framework": "flower", "privacy": "dp", "procs": 2, "k": None, "rates": [],
              "median_rate": None, "updates": [], "round_s": None, "errors": ["boom"]}]
     text = run.table(rows, run.Work(), 1)
     assert "FAILED  boom" in text
-    assert "best cluster_fl (1p K=16) / best peer (pfl 1p) = 2.00x" in text
+    assert "best cluster_fl (1p K=16) / best peer (pfl 1p bf16) = 2.00x" in text
     assert "cluster_fl 1p K=16 / K=1 = 3.00x" in text
 
 
