@@ -197,6 +197,18 @@ MUTANTS: list[Mutant] = [
            ("tests/commands/test_demo_starting_model.py::"
             "test_the_demo_takes_the_committed_model_unless_asked_to_pretrain",),
            "the demo draws its own starting model again: another CPU, another verdict"),
+    Mutant("findings-equivalence-without-the-margin", "cluster_fl/experiments/findings.py",
+           (("    if -margin < row.ci_low and row.ci_high < margin:",
+             "    if True:"),),
+           (X + "test_findings.py::test_finding_c_is_an_equivalence_test",),
+           "a 'within noise' verdict is read as α-split reproducing flat, however wide its CI "
+           "(PROTOCOL §1's 0.02 margin)"),
+    Mutant("peers-compared-in-fp32-only", "bench/peers/run.py",
+           (('        return ["fp32", "bf16"] if device == "cpu" else ["bf16"]',
+             '        return ["fp32"] if device == "cpu" else ["bf16"]'),),
+           ("tests/bench/test_peers_smoke.py::test_default_matrix_is_issue_13s",),
+           "the peers run only in fp32 on a CPU, where their bf16 loop can be faster: the "
+           "ratio is against a handicapped peer"),
     Mutant("peers-unequal-local-steps", "bench/peers/common.py",
            (('        "fl.local_epochs": work.local_epochs,\n', ""),),
            ("tests/bench/test_peers_smoke.py::"
