@@ -116,8 +116,9 @@ def peer_precisions(choice: str, device: str) -> list[str]:
     """The peers' forward precisions to measure. ``best``: on a CPU both fp32 and bf16 autocast
     (which is faster depends on the core: cluster_fl's own eager step was slower in bf16 on the
     Intel AMX core, pfl-research's loop 1.28x faster in bf16 on an AMD core with AVX-512-BF16,
-    results/LOG.md sessions 11 and 21; the faster cell is the peer's figure), on a GPU bf16 autocast (what their users write there);
-    ``auto``: bf16 on a GPU, fp32 on a CPU; ``fp32`` / ``bf16``: that one."""
+    results/LOG.md sessions 11 and 21; the faster cell is the peer's figure), on a GPU bf16
+    autocast (what their users write there); ``auto``: bf16 on a GPU, fp32 on a CPU; ``fp32`` /
+    ``bf16``: that one."""
     if choice == "best":
         return ["fp32", "bf16"] if device == "cpu" else ["bf16"]
     if choice == "auto":
