@@ -35,7 +35,7 @@ from typing import Sequence
 
 MARGIN = 0.02  # PROTOCOL §1: the equivalence margin of findings c and d, in WER
 
-# grid -> (seeds planned, the paper's result for each finding tested there)
+# grid -> seeds planned (PROTOCOL §4, §13); (finding, grid) -> the paper's result
 GRIDS = {"heavy": 5, "mild": 5, "eurollm": 3, "private": 3}
 PAPER = {
     ("a", "heavy"): "~10× (Whisper+TinyLlama)",
@@ -173,11 +173,14 @@ def fedavg_gain(rows: Sequence[Row]) -> float | None:
     return r0.delta - fa.delta
 
 
+def _delta(r: Row) -> str:
+    return f"{r.delta:+.4f} [{r.ci_low:+.3f}, {r.ci_high:+.3f}]"
+
+
 def _fmt_row(r: Row | None) -> str:
     if r is None:
         return "— | — | —"
-    return (f"{r.delta:+.4f} [{r.ci_low:+.3f}, {r.ci_high:+.3f}] | {r.p_holm:.4f} | "
-            f"{r.verdict} ({r.n_seeds} seeds)")
+    return f"{_delta(r)} | {r.p_holm:.4f} | {r.verdict} ({r.n_seeds} seeds)"
 
 
 def findings_markdown(tables: Path, margin: float = MARGIN) -> str:
@@ -197,15 +200,14 @@ def findings_markdown(tables: Path, margin: float = MARGIN) -> str:
             out = f.outcome + (f", {f.interim}" if f.interim else "")
             lines.append(f"| {f.id}: {CLAIMS[f.id]} | {grid} | {PAPER.get((f.id, grid), '—')} | "
                          f"{f.detail} | {_fmt_row(f.row)} | **{out}** |")
-        rows = [Row.from_csv(grid, r) for r in _read(tables / f"{grid}-vs-flat.csv")]
-        gain = fedavg_gain(rows)
+        gain = fedavg_gain([f.row for f in found if f.row is not None] + rest)
         if gain is not None:
             secondary.append(f"- {grid}: FedAvg's gain over round-0: {gain:.4f} WER")
         for r in rest:
             interim = _interim(grid, r)
-            secondary.append(f"- {grid}: {r.method} vs {r.reference}: Δ {r.delta:+.4f} "
-                             f"[{r.ci_low:+.3f}, {r.ci_high:+.3f}], p (Holm) {r.p_holm:.4f}, "
-                             f"{r.verdict} ({r.n_seeds} seeds)" + (f", {interim}" if interim else ""))
+            secondary.append(f"- {grid}: {r.method} vs {r.reference}: Δ {_delta(r)}, p (Holm) "
+                             f"{r.p_holm:.4f}, {r.verdict} ({r.n_seeds} seeds)"
+                             + (f", {interim}" if interim else ""))
     if len(lines) == len(head):
         return "No comparison tables yet (launch/repro_results.sh writes them).\n"
     if secondary:
