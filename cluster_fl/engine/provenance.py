@@ -10,8 +10,11 @@ federated run's float results differ between such machines too. So a run folder 
   the first attempt: a resume whose checkpoint hashes differently stops with a one-line error
   instead of continuing a run on another model;
 * ``attempts``: one entry per start or resume, in order -- host, CPU model and the instruction-set
-  features that choose CPU kernels, accelerator, torch version and the code's commit (threads:
-  config.yaml's) -- so that tables can say which machine made which run (PROTOCOL.md §10).
+  features that choose CPU kernels, the vector level ATen and inductor dispatch to and any
+  environment cap on it (``ATEN_CPU_CAPABILITY``, ``ONEDNN_MAX_CPU_ISA``,
+  ``MKL_ENABLE_INSTRUCTIONS``: a capped core computes like an older one), accelerator, torch
+  version and the code's commit (threads: config.yaml's) -- so that tables can say which machine
+  made which run (PROTOCOL.md §10).
 
 Nothing here is computed from clients' data, and no time is kept (status.json's is the folder's
 only one: cluster_fl/audit/record.py reads this file too).
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import platform
 import socket
 from pathlib import Path
@@ -36,10 +40,13 @@ FILE = "provenance.json"
 # CPU features that change which kernels (and so which float results) torch and oneDNN use
 _ISA = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni", "amx_tile", "amx_bf16",
         "amx_int8", "asimd", "sve", "sve2")
+# environment variables that cap the instruction set torch's kernel libraries use
+_ISA_CAPS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
 
 
 def cpu() -> dict[str, Any]:
-    """The CPU's model name and its kernel-relevant features (``/proc/cpuinfo`` on Linux)."""
+    """The CPU's model name, its kernel-relevant features (``/proc/cpuinfo`` on Linux), the vector
+    level ATen dispatches to (``AVX512``, ``AVX2``, ...) and the environment's caps on it."""
     name: str | None = None
     flags: set[str] = set()
     try:
@@ -53,7 +60,12 @@ def cpu() -> dict[str, Any]:
     except OSError:
         pass
     name = name or platform.processor() or platform.machine()
-    return {"model": name, "features": [f for f in _ISA if f in flags]}
+    info: dict[str, Any] = {"model": name, "features": [f for f in _ISA if f in flags],
+                            "dispatch": torch.backends.cpu.get_cpu_capability()}
+    caps = {var: os.environ[var] for var in _ISA_CAPS if os.environ.get(var)}
+    if caps:  # absent when nothing is capped: the folders of uncapped runs stay as they were
+        info["caps"] = caps
+    return info
 
 
 def model_sha256(checkpoint: str | None) -> str | None:

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from cluster_fl.config import override
 from cluster_fl.engine.provenance import FILE, cpu, record_attempt
@@ -47,6 +48,17 @@ def test_an_attempt_names_the_cpu_and_its_kernel_features(tmp_path):
         flags = set(line.partition(":")[2].split())
     for feature in ("avx2", "avx512f", "avx512_bf16", "amx_bf16"):
         assert (feature in info["features"]) == (feature in flags)
+    assert info["dispatch"] == torch.backends.cpu.get_cpu_capability() and "caps" not in info
     record = record_attempt(tmp_path, engine_config())
     attempt = record["attempts"][0]
     assert attempt["cpu"] == info and attempt["torch"] and attempt["host"]
+
+
+def test_an_attempt_records_an_instruction_set_cap(tmp_path, monkeypatch):
+    """A core run with its kernels capped (results/LOG.md, session 22: the AVX2 stand-in for
+    another machine) computes other floats; its folder says so."""
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    monkeypatch.setenv("MKL_ENABLE_INSTRUCTIONS", "AVX2")
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+    attempt = record_attempt(tmp_path, engine_config())["attempts"][0]
+    assert attempt["cpu"]["caps"] == {"ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
