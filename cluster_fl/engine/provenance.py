@@ -63,7 +63,7 @@ def cpu() -> dict[str, Any]:
     info: dict[str, Any] = {"model": name, "features": [f for f in _ISA if f in flags],
                             "dispatch": torch.backends.cpu.get_cpu_capability()}
     caps = {var: os.environ[var] for var in _ISA_CAPS if os.environ.get(var)}
-    if caps:  # absent when nothing is capped: the folders of uncapped runs stay as they were
+    if caps:  # absent when nothing is capped
         info["caps"] = caps
     return info
 
