@@ -19,7 +19,9 @@ so the README's findings table is computed from committed tables, never typed:
 * a (the decoder/encoder update-norm ratio): descriptive, from the norms table.
 
 Every other row of a comparison table is listed as secondary, with its verdict. A grid still
-running gives fewer seeds than planned: its rows say ``interim (n of N seeds)``.
+running gives fewer seeds than planned, or a table with fewer comparisons than planned (so
+Holm's family, and every p (Holm) in it, is still to grow): its rows say ``interim (n of N
+seeds)`` and/or ``interim (Holm over k of K comparisons)``.
 
     python -m cluster_fl.experiments.findings results/repro [--out results/repro/findings.md]
 """
@@ -37,6 +39,9 @@ MARGIN = 0.02  # PROTOCOL §1: the equivalence margin of findings c and d, in WE
 
 # grid -> seeds planned (PROTOCOL §4, §13); (finding, grid) -> the paper's result
 GRIDS = {"heavy": 5, "mild": 5, "eurollm": 3, "private": 3}
+# grid -> comparisons planned in each of its tables: every method but the reference, plus
+# round-0 (configs/grids/repro-*.yaml: 9, 9, 5 and 3 methods)
+COMPARISONS = {"heavy": 9, "mild": 9, "eurollm": 5, "private": 3}
 PAPER = {
     ("a", "heavy"): "~10× (Whisper+TinyLlama)",
     ("a", "mild"): "~1.7× (Voxtral)",
@@ -74,12 +79,13 @@ class Row:
     ci_high: float
     p_holm: float
     verdict: str
+    comparisons: int = 0   # the size of Holm's family in the row's table (0: not recorded)
 
     @classmethod
     def from_csv(cls, grid: str, rec: dict[str, str]) -> "Row":
         return cls(grid, rec["method"], rec["reference"], int(rec["n_seeds"]),
                    float(rec["delta_wer"]), float(rec["ci_low"]), float(rec["ci_high"]),
-                   float(rec["p_holm"]), rec["verdict"])
+                   float(rec["p_holm"]), rec["verdict"], int(rec.get("comparisons") or 0))
 
 
 @dataclass(frozen=True)
@@ -117,8 +123,13 @@ def _read(path: Path) -> list[dict[str, str]]:
 
 
 def _interim(grid: str, row: Row) -> str:
-    planned = GRIDS[grid]
-    return f"interim ({row.n_seeds} of {planned} seeds)" if row.n_seeds < planned else ""
+    """Why the row's numbers may still change: too few seeds, or a Holm family still growing."""
+    why = []
+    if row.n_seeds < GRIDS[grid]:
+        why.append(f"{row.n_seeds} of {GRIDS[grid]} seeds")
+    if 0 < row.comparisons < COMPARISONS[grid]:
+        why.append(f"Holm over {row.comparisons} of {COMPARISONS[grid]} comparisons")
+    return f"interim ({'; '.join(why)})" if why else ""
 
 
 def _is(method: str, name: str) -> bool:

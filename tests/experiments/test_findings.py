@@ -66,9 +66,10 @@ def _write(path: Path, rows: list[dict]) -> None:
 
 
 def _rec(method: str, delta: float, lo: float, hi: float, verdict: str, n: int = 5,
-         reference: str = "flat") -> dict:
+         reference: str = "flat", comparisons: int = 9) -> dict:
     return {"method": method, "reference": reference, "n_seeds": n, "delta_wer": delta,
-            "ci_low": lo, "ci_high": hi, "p_holm": 0.01, "verdict": verdict}
+            "ci_low": lo, "ci_high": hi, "p_holm": 0.01, "verdict": verdict,
+            "comparisons": comparisons}
 
 
 def test_the_findings_table_reads_the_study_tables(tmp_path: Path) -> None:
@@ -106,6 +107,29 @@ def test_the_findings_table_reads_the_study_tables(tmp_path: Path) -> None:
     assert "**inconclusive** |" in text and "eurollm" not in text  # no eurollm tables
     assert "- heavy: size per-layer vs flat: Δ +0.0300" in text
     assert "FedAvg's gain over round-0: 0.6300 WER" in text
+
+
+def test_a_table_with_fewer_comparisons_than_planned_is_interim(tmp_path: Path) -> None:
+    """Holm's p grows with its family: a table missing methods has interim p even at 5 seeds."""
+    _write(tmp_path / "mild-vs-flat.csv", [
+        _rec("round-0", 0.59, 0.48, 0.69, "worse", comparisons=6),
+        _rec("fedavg", -0.04, -0.055, -0.03, "better", n=3, comparisons=6)])
+    found, rest = fd.grid_findings("mild", tmp_path)
+    assert {f.id: f.interim for f in found}["L"] == "interim (Holm over 6 of 9 comparisons)"
+    assert fd._interim("mild", rest[0]) == "interim (3 of 5 seeds; Holm over 6 of 9 comparisons)"
+    _write(tmp_path / "mild-vs-flat.csv", [_rec("round-0", 0.59, 0.48, 0.69, "worse")])
+    assert {f.id: f.interim for f in fd.grid_findings("mild", tmp_path)[0]}["L"] == ""
+    # a table written before the column existed is judged by its seeds alone
+    assert fd._interim("mild", fd.Row("mild", "m", "flat", 5, 0, 0, 0, 1, "within noise")) == ""
+
+
+def test_the_planned_comparisons_match_the_grids() -> None:
+    """COMPARISONS is every method of each study grid but flat, plus round-0."""
+    import yaml
+    root = Path(__file__).resolve().parents[2] / "configs" / "grids"
+    for grid, planned in fd.COMPARISONS.items():
+        spec = yaml.safe_load((root / f"repro-{grid}.yaml").read_text())
+        assert len(spec["axes"]["method"]) == planned, grid   # (methods - flat) + round-0
 
 
 def test_no_tables_says_so(tmp_path: Path) -> None:
