@@ -12,7 +12,7 @@
 #   launch/repro_study.sh [STEP]...
 # CLUSTER=local (default: this machine's cores, two runs at a time) or slurm (submitted and
 # waited for); PRIVATE_DEVICE (default: cuda on slurm, cpu locally) is the epsilon <= 10 grid's
-# run.device.
+# run.device; PARALLEL (default 2) how many of its runs go at a time on CPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CLUSTER=${CLUSTER:-local}
@@ -36,7 +36,11 @@ for step in "$@"; do
     eurollm) launch/repro_prepare.sh eurollm
            grid eurollm --round0 ;;
     private) launch/repro_prepare.sh starting-model private
-           grid private --round0 --set "run.device=$PRIVATE_DEVICE" ;;
+           # the grid asks a GPU a run, all 9 at once; on CPU, as the other grids: two runs at a
+           # time, one thread each (9 runs at once on 2 cores would finish none for hours)
+           cpu=()
+           [ "$PRIVATE_DEVICE" = cpu ] && cpu=(--parallel "${PARALLEL:-2}" --set run.threads=1)
+           grid private --round0 --set "run.device=$PRIVATE_DEVICE" "${cpu[@]}" ;;
     tables) launch/repro_results.sh ;;
     *) echo "usage: $0 [sweep|heavy|mild|eurollm|private|tables]..." >&2; exit 2 ;;
   esac

@@ -1,5 +1,5 @@
-"""``cluster-fl grid GRID [--cluster local|slurm|debug] [--dry-run] [--wait] [--round0]``: submit a
-grid.
+"""``cluster-fl grid GRID [--cluster local|slurm|debug] [--dry-run] [--wait] [--round0]
+[--parallel N]``: submit a grid.
 
 Expansion, submission with submitit, waiting and the run-folder bookkeeping are
 :mod:`cluster_fl.experiments.grid`; this command prints the plan and the outcome. Exit 1 when a
@@ -9,6 +9,7 @@ waited-for run failed.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 from cluster_fl.config import parse_override
 from cluster_fl.experiments.grid import (CLUSTERS, TrainFn, check_devices, check_resources, pending_runs,
@@ -28,6 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--round0", action="store_true",
                         help="also score the starting model (table row round-0) of each "
                              "arch x condition x seed here, once (cached), before submitting")
+    parser.add_argument("--parallel", type=int, default=None, metavar="N",
+                        help="at most N runs at a time (local: waves of N; slurm: the array's %%N); "
+                             "default: the grid's resources.array_parallelism")
     parser.add_argument("--out", default=None, help="results root (default: the grid's 'out')")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="key=value",
                         help="override for every run (repeatable), e.g. --set fl.rounds=2")
@@ -35,6 +39,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, train_fn: TrainFn | None = None) -> int:
     grid = load_grid(args.grid, out=args.out)
+    parallel = getattr(args, "parallel", None)  # callers building a Namespace may leave it out
+    if parallel is not None:  # this machine's width, not the grid's: e.g. a GPU grid on 2 cores
+        grid = dataclasses.replace(grid, resources=dataclasses.replace(
+            grid.resources, array_parallelism=parallel))  # Resources checks it (>= 1)
     extra = dict(parse_override(o) for o in args.overrides)
     todo, states = pending_runs(grid, extra)
     print(f"grid {grid.experiment}: {len(states)} runs under {grid.root}")

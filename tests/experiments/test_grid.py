@@ -8,6 +8,7 @@ import pytest
 
 from cluster_fl.cli import main
 from cluster_fl.config import load_config
+from cluster_fl.errors import UserError
 from cluster_fl.commands import grid as grid_cmd
 from cluster_fl.experiments import grid as grid_mod
 from cluster_fl.experiments.gridspec import expand, load_grid
@@ -125,6 +126,28 @@ def test_tiny_grid_of_2_cells_x_2_seeds_runs_end_to_end_on_local_cluster_and_tab
     cfg = load_config(None, ["privacy.clipping=flat", "run.seed=0"])
     expected = (fake_wer(cfg) + fake_wer(load_config(None, ["privacy.clipping=flat", "run.seed=1"]))) / 2
     assert float(rows["flat"][5]) == pytest.approx(expected)
+
+
+def test_parallel_overrides_the_grids_array_parallelism_local_runs_in_waves_of_n(tmp_path, monkeypatch):
+    path = tiny_grid(tmp_path, methods=("flat",), seeds=(0, 1))  # the grid says 2 at a time
+    waves: list[int] = []
+    real = grid_mod.make_executor
+
+    def recording(grid, cluster):
+        executor = real(grid, cluster)
+        submit_array = executor.submit_array
+        executor.submit_array = lambda tasks: (waves.append(len(tasks)), submit_array(tasks))[1]
+        return executor
+
+    monkeypatch.setattr(grid_mod, "make_executor", recording)
+    assert grid_cmd.run(grid_args(path, cluster="local", parallel=1), train_fn=fake_train) == 0
+    assert waves == [1, 1]
+    shutil.rmtree(tmp_path / "results")
+    waves.clear()
+    assert grid_cmd.run(grid_args(path, cluster="local"), train_fn=fake_train) == 0
+    assert waves == [2]
+    with pytest.raises(UserError, match="array_parallelism"):
+        grid_cmd.run(grid_args(path, cluster="local", parallel=0), train_fn=fake_train)
 
 
 def test_a_run_preempted_on_the_local_cluster_is_requeued_and_resumes_from_its_folder(tmp_path, monkeypatch):
