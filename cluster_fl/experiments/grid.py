@@ -260,6 +260,14 @@ def pending_runs(grid: Grid, extra: dict[str, Any] | None = None
     return [s for s, state in states if state in RESUBMIT], states
 
 
+def seed_major(specs: Sequence[RunSpec]) -> list[RunSpec]:
+    """``specs`` with every cell's first seed first, then every cell's second, ...: waves (local),
+    an array's %N (SLURM) and packs start whole seeds, so a grid stopped part way (a budget, a
+    session's end) leaves a paired comparison of every method rather than one method's seeds."""
+    order = {seed: i for i, seed in enumerate(dict.fromkeys(s.seed for s in specs))}
+    return sorted(specs, key=lambda s: order[s.seed])  # stable: cells keep the grid's order
+
+
 def submit(grid: Grid, specs: Sequence[RunSpec], cluster: str, train_fn: TrainFn | None = None,
            wait: bool = False, poll_s: float = POLL_S) -> tuple[list[Any], dict[str, str]]:
     """Submit ``specs`` as one array job (in waves of ``array_parallelism`` on ``local``); record
@@ -267,6 +275,7 @@ def submit(grid: Grid, specs: Sequence[RunSpec], cluster: str, train_fn: TrainFn
     Returns the jobs and, for the runs waited for, ``run id -> reason`` of those that failed."""
     if not specs:
         return [], {}
+    specs = seed_major(specs)
     for line in check_devices(grid, specs, cluster):
         print(line, file=sys.stderr, flush=True)
     if cluster == "slurm":

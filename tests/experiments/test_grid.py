@@ -128,24 +128,27 @@ def test_tiny_grid_of_2_cells_x_2_seeds_runs_end_to_end_on_local_cluster_and_tab
     assert float(rows["flat"][5]) == pytest.approx(expected)
 
 
-def test_parallel_overrides_the_grids_array_parallelism_local_runs_in_waves_of_n(tmp_path, monkeypatch):
-    path = tiny_grid(tmp_path, methods=("flat",), seeds=(0, 1))  # the grid says 2 at a time
-    waves: list[int] = []
+def test_parallel_overrides_the_grids_array_parallelism_local_runs_in_waves_of_n_seed_major(
+        tmp_path, monkeypatch):
+    path = tiny_grid(tmp_path, seeds=(0, 1))  # the grid says 2 at a time
+    waves: list[list[str]] = []
     real = grid_mod.make_executor
 
     def recording(grid, cluster):
         executor = real(grid, cluster)
         submit_array = executor.submit_array
-        executor.submit_array = lambda tasks: (waves.append(len(tasks)), submit_array(tasks))[1]
+        executor.submit_array = lambda tasks: (
+            waves.append([t.config["run"]["run_id"] for t in tasks]), submit_array(tasks))[1]
         return executor
 
     monkeypatch.setattr(grid_mod, "make_executor", recording)
-    assert grid_cmd.run(grid_args(path, cluster="local", parallel=1), train_fn=fake_train) == 0
-    assert waves == [1, 1]
+    assert grid_cmd.run(grid_args(path, cluster="local", parallel=3), train_fn=fake_train) == 0
+    # whole seeds first: a grid stopped after its first wave has seed 0 of every method
+    assert waves == [["flat__s0", "alpha-split__s0", "flat__s1"], ["alpha-split__s1"]]
     shutil.rmtree(tmp_path / "results")
     waves.clear()
     assert grid_cmd.run(grid_args(path, cluster="local"), train_fn=fake_train) == 0
-    assert waves == [2]
+    assert [len(w) for w in waves] == [2, 2]
     with pytest.raises(UserError, match="array_parallelism"):
         grid_cmd.run(grid_args(path, cluster="local", parallel=0), train_fn=fake_train)
 
