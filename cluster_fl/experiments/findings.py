@@ -188,10 +188,14 @@ def _delta(r: Row) -> str:
     return f"{r.delta:+.4f} [{r.ci_low:+.3f}, {r.ci_high:+.3f}]"
 
 
+def _seeds(n: int) -> str:
+    return f"({n} seed{'' if n == 1 else 's'})"
+
+
 def _fmt_row(r: Row | None) -> str:
     if r is None:
         return "— | — | —"
-    return f"{_delta(r)} | {r.p_holm:.4f} | {r.verdict} ({r.n_seeds} seeds)"
+    return f"{_delta(r)} | {r.p_holm:.4f} | {r.verdict} {_seeds(r.n_seeds)}"
 
 
 def findings_markdown(tables: Path, margin: float = MARGIN) -> str:
@@ -217,7 +221,7 @@ def findings_markdown(tables: Path, margin: float = MARGIN) -> str:
         for r in rest:
             interim = _interim(grid, r)
             secondary.append(f"- {grid}: {r.method} vs {r.reference}: Δ {_delta(r)}, p (Holm) "
-                             f"{r.p_holm:.4f}, {r.verdict} ({r.n_seeds} seeds)"
+                             f"{r.p_holm:.4f}, {r.verdict} {_seeds(r.n_seeds)}"
                              + (f", {interim}" if interim else ""))
     if len(lines) == len(head):
         return "No comparison tables yet (launch/repro_results.sh writes them).\n"

@@ -80,7 +80,7 @@ def test_the_findings_table_reads_the_study_tables(tmp_path: Path) -> None:
         _rec("size-ema per-layer", 0.001, -0.01, 0.012, "within noise"),
         _rec("alpha-split α=0.05 per-layer", 0.002, -0.01, 0.013, "within noise", n=3),
         _rec("alpha-split α=0.03049 per-layer", 0.01, -0.005, 0.025, "within noise"),
-        _rec("size per-layer", 0.03, 0.02, 0.04, "worse"),
+        _rec("size per-layer", 0.03, 0.02, 0.04, "worse", n=1),
     ])
     with (tmp_path / "heavy-norms.csv").open("w") as f:
         f.write("arch,condition,method,ratio_decoder_encoder\nx,y,flat,11.96\nx,y,uniform,12.04\n")
@@ -106,6 +106,7 @@ def test_the_findings_table_reads_the_study_tables(tmp_path: Path) -> None:
     assert "| b1: uniform per-layer collapses" in text and "**reproduced** |" in text
     assert "**inconclusive** |" in text and "eurollm" not in text  # no eurollm tables
     assert "- heavy: size per-layer vs flat: Δ +0.0300" in text
+    assert "worse (1 seed), interim (1 of 5 seeds)" in text and "within noise (3 seeds)" in text
     assert "FedAvg's gain over round-0: 0.6300 WER" in text
 
 
