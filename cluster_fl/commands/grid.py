@@ -13,7 +13,7 @@ import dataclasses
 
 from cluster_fl.config import parse_override
 from cluster_fl.experiments.grid import (CLUSTERS, TrainFn, check_devices, check_resources, pending_runs,
-                                         submit)
+                                         seed_major, submit)
 from cluster_fl.experiments.gridspec import load_grid, run_folder
 from cluster_fl.experiments.pack import check_packing, packs, runs_per_task
 from cluster_fl.experiments.round0 import score_round0
@@ -57,7 +57,7 @@ def run(args: argparse.Namespace, train_fn: TrainFn | None = None) -> int:
                   f"{runs_per_task(grid)} (resources.runs_per_gpu={grid.resources.runs_per_gpu})")
         if args.cluster == "slurm" and todo:
             check_resources(grid)
-        for spec in todo:
+        for spec in seed_major(todo):  # the order submit uses
             axes = " ".join(f"{k}={v}" for k, v in spec.axes.items())
             print(f"would submit {spec.run_id}  ({axes} seed={spec.seed}) -> {run_folder(spec.config)}")
         print(f"dry run: {len(todo)} of {len(states)} runs would be submitted to {args.cluster}")

@@ -80,6 +80,10 @@ def test_a_bad_override_names_the_cell(tmp_path):
 
 def test_resubmitting_a_finished_grid_submits_nothing_and_a_deleted_run_is_resubmitted(tmp_path, capsys):
     path = tiny_grid(tmp_path)
+    assert main(["grid", str(path), "--dry-run"]) == 0  # in the order submit uses: seed-major
+    assert [line.split()[2] for line in capsys.readouterr().out.splitlines()
+            if line.startswith("would submit")] == ["flat__s0", "alpha-split__s0", "flat__s1",
+                                                    "alpha-split__s1"]
     assert grid_cmd.run(grid_args(path), train_fn=fake_train) == 0
     assert "submitted 4 runs" in capsys.readouterr().out
     assert grid_cmd.run(grid_args(path), train_fn=fake_train) == 0
