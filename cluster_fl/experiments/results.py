@@ -24,6 +24,8 @@ from cluster_fl.errors import UserError, short_reason
 # ceiling, flat, the six single-pool methods, then the component-aware ones.
 METHOD_ORDER = ("round-0", "fedavg", "flat", "uniform", "size", "uniform-ema", "size-ema", "quantile",
                 "probe", "alpha-split", "pools")
+# round-0's guarantee: the starting model is scored before any round, so no client's data was used
+NO_CLIENT_DATA = "no client data"
 
 
 @dataclass
@@ -83,10 +85,12 @@ class Run:
     @property
     def guarantee(self) -> str:
         """The run's guarantee (``privacy.accounting.GUARANTEES``): valid, simulation, void or
-        none. Records written before research runs were told apart said ``valid`` for every run
-        with a guarantee; a research-mode one among them is a ``simulation``."""
-        # the starting model and FedAvg release through no mechanism (round-0 uses no client)
-        fallback = "none" if self.method in ("fedavg", "round-0") else "?"
+        none; ``NO_CLIENT_DATA`` for round-0. Records written before research runs were told
+        apart said ``valid`` for every run with a guarantee; a research-mode one among them is a
+        ``simulation``."""
+        if self.method == "round-0":  # the starting model touched no client's data: ε is 0
+            return NO_CLIENT_DATA
+        fallback = "none" if self.method == "fedavg" else "?"  # FedAvg: no mechanism, ε = ∞
         g = str(self.final.get("guarantee") or fallback)
         if g == "valid" and not self.setting("privacy", "secure_mode", False):
             return "simulation"

@@ -10,7 +10,8 @@ randomness (seeds) and the sampling of test speakers. The draws depend only on t
 seeds and speakers, so cells with the same seeds and speakers share them (one draw across
 methods). A second table lists
 ε, δ, the guarantee behind ε (``valid``: secure mode; ``simulation``: research mode, whose
-recorded seed regenerates the noise; ``void``; ``none``: the weakest among the cell's runs) and the
+recorded seed regenerates the noise; ``void``; ``none``: the weakest among the cell's runs;
+``no client data`` for round-0, whose ε is 0) and the
 per-pool effective noise multipliers σ_k = σ/√α_k.
 
 Formats: ``md`` (both tables), ``latex`` (both, booktabs), ``csv`` (tidy: one row per cell with
@@ -31,7 +32,7 @@ from typing import Sequence
 
 import numpy as np
 
-from cluster_fl.experiments.results import Run, fmt, method_key
+from cluster_fl.experiments.results import NO_CLIENT_DATA, Run, fmt, method_key
 from cluster_fl.privacy.accounting import GUARANTEE_ORDER
 from cluster_fl.experiments.stats import bootstrap_draws, percentile_interval, replicate_means
 
@@ -155,8 +156,10 @@ def to_markdown(cells: Sequence[Cell]) -> str:
         out.append(f"| {arch} | {cond} | "
                    + " | ".join(_cell_text(index.get((arch, cond, m))) for m in methods) + " |")
     pools = _pools(cells)
+    round0 = "; no client data: round-0, ε = 0" if any(
+        c.guarantee == NO_CLIENT_DATA for c in cells) else ""
     out += ["", "Privacy: ε at δ, its guarantee (simulation: research mode, the recorded seed "
-            "regenerates the noise), effective noise multiplier σ per pool", "",
+            f"regenerates the noise{round0}), effective noise multiplier σ per pool", "",
             "| " + " | ".join(["arch", "condition", "method", "ε", "δ", "guarantee"]
                               + [f"σ/{p}" for p in pools]) + " |",
             "|---|---|---|---|---|---|" + "---|" * len(pools)]

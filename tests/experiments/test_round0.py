@@ -8,8 +8,9 @@ from pathlib import Path
 
 from cluster_fl.engine.metrics import read_rows, write_rows
 from cluster_fl.experiments.gridspec import load_grid
-from cluster_fl.experiments.results import find_runs
+from cluster_fl.experiments.results import NO_CLIENT_DATA, find_runs
 from cluster_fl.experiments.round0 import score_round0
+from cluster_fl.experiments.table import summarise, to_markdown
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -51,6 +52,12 @@ def test_one_score_per_regime_and_seed_cached_and_in_its_cell(tmp_path, tiny_cor
         ("round-0", "unfrozen enc-lr×0.1", 0), ("round-0", "unfrozen enc-lr×0.1", 1)]
     assert all(r.final["rounds"] == 0 and r.final["epsilon"] == 0.0 for r in runs)
     assert not any("cached" in s for s in said)
+    # its privacy row: ε 0 because no client's data was used -- not "none" (no mechanism, ε = ∞)
+    assert {r.guarantee for r in runs} == {NO_CLIENT_DATA}
+    privacy = to_markdown(summarise(runs, resamples=50)).split("Privacy:")[1]
+    rows = [line for line in privacy.splitlines() if "| round-0 |" in line]
+    assert len(rows) == 2 and all("| 0.000 | 1e-05 | no client data |" in r for r in rows)
+    assert "no client data: round-0, ε = 0" in privacy
 
     said.clear()
     stamps = [(f / "final.parquet").stat().st_mtime_ns for f in folders]
