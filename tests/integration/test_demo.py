@@ -47,7 +47,7 @@ def test_the_reduced_demo_runs_end_to_end_and_prints_every_method(tmp_path):
     eps = {line.split("|")[3].split()[0]: [x.strip() for x in line.split("|")[4:7]]
            for line in privacy.splitlines()[2:]}
     assert set(eps) == {"round-0", *METHODS}, privacy
-    assert eps["round-0"] == ["0.000", "1e-05", "none"], privacy
+    assert eps["round-0"] == ["0.000", "1e-05", "no client data"], privacy
     import pyarrow.parquet as pq
     recorded = {}
     for folder in (tmp_path / "results" / "demo").glob("*/final.parquet"):
