@@ -49,7 +49,7 @@ def main() -> int:
     import torch
 
     from cluster_fl.config import load_config
-    from cluster_fl.dist.parallelize import parallelize
+    from cluster_fl.distributed.parallelize import parallelize
     from cluster_fl.eval import transcribe
     from cluster_fl.models import build_model
 

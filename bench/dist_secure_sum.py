@@ -1,6 +1,6 @@
 """Bench: cost of the secure-sum reduce against a plain float all-reduce of the same buffer.
 
-Two gloo ranks on this machine (``cluster_fl.dist.spawn``); for each size, in one run and side by
+Two gloo ranks on this machine (``cluster_fl.distributed.spawn``); for each size, in one run and side by
 side: a float32 all-reduce (what non-secure FedAvg would send), a float64 all-reduce (same bytes as
 int64), and ``SecureSummer.reduce`` in research (Philox masks) and secure (X25519 + ChaCha20 masks)
 mode, which includes masking, the int64 all-reduce and decoding. The encoding of contributions
@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from cluster_fl.dist import spawn
+from cluster_fl.distributed import spawn
 from cluster_fl.secure_sum import SecureSummer
 
 

@@ -51,7 +51,7 @@ def config(corpus_dir: Path, work: Path, **over):
 
 def time_round(cfg, rounds: int = 1) -> float:
     """Median wall time of ``rounds`` rounds of a freshly built world (1 process)."""
-    from cluster_fl.dist import LocalComm
+    from cluster_fl.distributed import LocalComm
     from cluster_fl.engine import setup
 
     comm = LocalComm()
@@ -97,7 +97,7 @@ def _rank_worker(comm, cfg_dict: dict, rounds: int) -> float:
 
 def ranks(work: Path, rounds: int) -> dict:
     from cluster_fl.config import to_dict
-    from cluster_fl.dist import spawn
+    from cluster_fl.distributed import spawn
 
     c = corpus(work, 8)
     cfg = to_dict(config(c, work, **{"fl.clients_per_round": 8}))
@@ -132,7 +132,7 @@ def memory(work: Path) -> dict:
 
 def trim(work: Path, reps: int) -> dict:
     """Round time with the heap trimmed after every client vs only past the RSS bound."""
-    from cluster_fl.dist import LocalComm
+    from cluster_fl.distributed import LocalComm
     from cluster_fl.engine import setup
     from cluster_fl.engine.client import HeapTrimmer
 

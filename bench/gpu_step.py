@@ -48,7 +48,7 @@ def step_flops(cfg, n: int, seconds: float, checkpointing: bool) -> int:
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    from cluster_fl.dist.parallelize import apply_activation_checkpointing, apply_dtype
+    from cluster_fl.distributed.parallelize import apply_activation_checkpointing, apply_dtype
     from cluster_fl.models.build import build_skeleton
     from cluster_fl.models.lora import apply_lora
     from cluster_fl.models.tokenizer import CharTokenizer
@@ -73,7 +73,7 @@ def big(args: argparse.Namespace) -> dict:
     import torch
 
     from cluster_fl.config import ModelConfig
-    from cluster_fl.dist.parallelize import apply_dtype, parallelize
+    from cluster_fl.distributed.parallelize import apply_dtype, parallelize
     from cluster_fl.models.build import build_skeleton
     from cluster_fl.models.lora import apply_lora, trainable_parameters
     from cluster_fl.models.tokenizer import CharTokenizer
@@ -164,7 +164,7 @@ def speed(args: argparse.Namespace) -> dict:
 
     from cluster_fl.config import load_config
     from cluster_fl.data import make_corpus
-    from cluster_fl.dist import LocalComm
+    from cluster_fl.distributed import LocalComm
     from cluster_fl.engine import setup
 
     work = Path(args.work)

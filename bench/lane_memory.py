@@ -126,7 +126,7 @@ def rank_main(comm, args, root) -> dict:
     import torch
     import transformers  # noqa: F401 -- part of the baseline
 
-    from cluster_fl.dist.parallelize import LaneLayout, parallelize
+    from cluster_fl.distributed.parallelize import LaneLayout, parallelize
     from cluster_fl.engine.client import release_memory
     from cluster_fl.models import build_model
     from cluster_fl.models.lora import trainable_parameters
@@ -173,7 +173,7 @@ def main() -> None:
     parser.add_argument("--work", default="~/.cache/cluster_fl/bench",
                         help="where the stand-in checkpoints are saved (once)")
     args = parser.parse_args()
-    from cluster_fl.dist import spawn
+    from cluster_fl.distributed import spawn
 
     root = save_checkpoints(args)
     one = spawn(rank_main, 1, args, root, use_fake=True, timeout_s=900)[0]

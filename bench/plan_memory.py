@@ -20,7 +20,7 @@ with checkpointing: tiny fp32 1056/1048, 680/677; tiny bf16 701/683, 449/437; 21
 Models: the registry's ``whisper-tinyllama-tiny`` (eager attention, as it runs) with 16 x 15 s
 utterances; ``random-200m``, a random-init Whisper-tiny-sized encoder (384 x 4) and a Llama
 decoder of 1024 x 12 (GQA 16/4, FFN 2816, vocabulary 32000) -- 211M parameters, SDPA attention --
-with 4 x 10 s utterances. The dtype policy and checkpointing are ``dist.parallelize``'s own.
+with 4 x 10 s utterances. The dtype policy and checkpointing are ``distributed.parallelize``'s own.
 
 **glibc's allocator.** With glibc's defaults the peak RSS exceeded the step's tensors by 350-650
 MiB (plan / measured 0.61-0.87), ~150 MiB more in the fp32 rows than in the bf16 ones and little
@@ -59,7 +59,7 @@ def build(name: str, dtype: str, device: str = "cpu"):
     import torch
 
     from cluster_fl.config import ModelConfig
-    from cluster_fl.experiments.plan import apply_policy
+    from cluster_fl.sizing.plan import apply_policy
     from cluster_fl.models import CharTokenizer, apply_lora, build_base, build_skeleton
 
     if name == "tiny":
@@ -117,7 +117,7 @@ def child(name: str, dtype: str, checkpointing: bool, compute: str, threads: int
     """One client's two training steps and aggregation in this (fresh) process."""
     import torch
 
-    from cluster_fl.experiments import activations as A
+    from cluster_fl.sizing import activations as A
     from cluster_fl.models import trainable_parameters
 
     torch.set_num_threads(threads)
@@ -163,8 +163,8 @@ def child(name: str, dtype: str, checkpointing: bool, compute: str, threads: int
 
 def planned(name: str, dtype: str) -> dict:
     """The plan's G = 1 terms on the cpu profile, from the meta-device model."""
-    from cluster_fl.experiments import activations as A
-    from cluster_fl.experiments import plan as P
+    from cluster_fl.sizing import activations as A
+    from cluster_fl.sizing import plan as P
 
     skeleton, cfg = build(name, dtype, device="meta")
     shape = A.model_shape(skeleton)

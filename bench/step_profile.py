@@ -170,7 +170,7 @@ class Timers:
 def build(overrides: list[str], config_file: Path | None = None) -> Any:
     import torch
 
-    from cluster_fl.dist import LocalComm
+    from cluster_fl.distributed import LocalComm
     from cluster_fl.engine import setup
 
     torch.set_num_threads(1)

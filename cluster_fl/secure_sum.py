@@ -47,7 +47,7 @@ from typing import Iterable, Mapping, Sequence
 import numpy as np
 import torch
 
-from cluster_fl.dist import Comm
+from cluster_fl.distributed import Comm
 from cluster_fl.errors import UserError
 from cluster_fl.transfer import to_device, to_device_together
 

@@ -20,7 +20,7 @@ for regime in heavy mild; do
 done
 python3 - "$OUT" "$TIE" "$RUNS" <<'PY'
 import csv, pathlib, sys
-from cluster_fl.experiments.results import find_runs
+from cluster_fl.report.results import find_runs
 out, tie = pathlib.Path(sys.argv[1]), float(sys.argv[2])
 # the grid's name for each (regime, table label): the study grids' entries are looked up by it
 grid_name = {}

@@ -4,7 +4,7 @@
 # the update-norm table (md and csv) -- the two regimes (heavy, mild) and the secondary grids of
 # PROTOCOL §13 (eurollm: the third architecture; private: epsilon <= 10) -- and the figures of
 # the two regimes together, and the pre-registered findings' outcomes (findings.md,
-# cluster_fl/experiments/findings.py). Runs only `cluster-fl table` / `plot`: seconds, no training.
+# cluster_fl/report/findings.py). Runs only `cluster-fl table` / `plot`: seconds, no training.
 #   launch/repro_results.sh [RESULTS_ROOT=results] [OUT=results/repro] [PREFIX=prereg]
 # PREFIX names the experiments read, <PREFIX>-heavy, -mild, -eurollm, -private: `prereg`, the
 # pre-registered study (configs/grids/repro-*.yaml, issue 27); `repro`, the first study (issue 14).
@@ -34,7 +34,7 @@ for regime in heavy mild eurollm private; do
 done
 [ ${#found[@]} -gt 0 ] || { echo "no study runs under $ROOT" >&2; exit 1; }
 # the pre-registered findings' outcomes (PROTOCOL §1, §13) from the tables above
-python3 -m cluster_fl.experiments.findings "$OUT" --out "$OUT/findings.md"
+python3 -m cluster_fl.report.findings "$OUT" --out "$OUT/findings.md"
 [ ${#main[@]} -gt 0 ] || exit 0
 rm -rf "$OUT/figures"
 cluster-fl plot "${main[@]}" --out "$OUT/figures"

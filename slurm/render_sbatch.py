@@ -11,9 +11,9 @@ import sys
 from pathlib import Path
 
 from cluster_fl.config import parse_override
-from cluster_fl.experiments.grid import pending_runs
-from cluster_fl.experiments.gridspec import load_grid
-from cluster_fl.experiments.sbatch import render, write_manifest
+from cluster_fl.sweep.grid import pending_runs
+from cluster_fl.sweep.gridspec import load_grid
+from cluster_fl.sweep.sbatch import render, write_manifest
 
 
 def main(argv=None) -> int:

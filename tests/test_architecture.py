@@ -1,11 +1,11 @@
 """Rules the house depends on, as tests (torchtitan's habit): who may import what.
 
-* Only the process boundary, ``cluster_fl/dist/``, imports ``torch.distributed``.
-* Only ``cluster_fl/dist/`` reads the launcher's variables (torchrun's ``RANK``, ``WORLD_SIZE``,
+* Only the process boundary, ``cluster_fl/distributed/``, imports ``torch.distributed``.
+* Only ``cluster_fl/distributed/`` reads the launcher's variables (torchrun's ``RANK``, ``WORLD_SIZE``,
   ``LOCAL_RANK``, ``MASTER_ADDR``/``MASTER_PORT``; SLURM's ``SLURM_*``): launchers and the engine
-  ask :mod:`cluster_fl.dist.launch`.
+  ask :mod:`cluster_fl.distributed.launch`.
 * Model code (``cluster_fl/models/``) and privacy code (``cluster_fl/privacy/``) never mention
-  devices of other ranks: they import nothing from ``cluster_fl.dist``.
+  devices of other ranks: they import nothing from ``cluster_fl.distributed``.
 * The command layer (``cluster_fl/commands/``, ``cluster_fl/cli.py``, ``cluster_fl/__main__.py``)
   is the top: no module below it imports ``cluster_fl.commands`` or ``cluster_fl.cli``.
 * The layers of ARCHITECTURE.md: a package imports only from its own layer or the layers below,
@@ -62,7 +62,7 @@ def _relative_imports(tree: ast.Module) -> list[str]:
 
 
 def test_only_the_process_boundary_imports_torch_distributed():
-    offenders = [path for path, tree in _modules() if _outside(path, "dist")
+    offenders = [path for path, tree in _modules() if _outside(path, "distributed")
                  and any(m == "torch.distributed" or m.startswith("torch.distributed.")
                          for m in _imports(tree))]
     assert offenders == []
@@ -71,7 +71,7 @@ def test_only_the_process_boundary_imports_torch_distributed():
 def test_only_the_process_boundary_reads_launcher_variables():
     offenders = []
     for path, tree in _modules():
-        if not _outside(path, "dist"):
+        if not _outside(path, "distributed"):
             continue
         for node in ast.walk(tree):
             if isinstance(node, ast.Constant) and isinstance(node.value, str) \
@@ -83,7 +83,7 @@ def test_only_the_process_boundary_reads_launcher_variables():
 def test_model_and_privacy_code_know_nothing_of_ranks():
     offenders = [path for path, tree in _modules()
                  if (path.startswith("cluster_fl/models/") or path.startswith("cluster_fl/privacy/"))
-                 and any(m.startswith("cluster_fl.dist") for m in _imports(tree))]
+                 and any(m.startswith("cluster_fl.distributed") for m in _imports(tree))]
     assert offenders == []
 
 
@@ -96,10 +96,10 @@ def test_no_module_below_the_command_layer_imports_it():
 
 # ARCHITECTURE.md's layers, top (5) to bottom (0); every top-level module or package is listed
 LAYERS = {"cli": 5, "__main__": 5, "commands": 5,
-          "experiments": 4, "audit": 4,
+          "sweep": 4, "report": 4, "audit": 4,
           "engine": 3, "training": 3,
-          "privacy": 2, "models": 2, "data": 2, "eval": 2, "secure_sum": 2,
-          "dist": 1,
+          "sizing": 2, "privacy": 2, "models": 2, "data": 2, "eval": 2, "secure_sum": 2,
+          "distributed": 1,
           "config": 0, "errors": 0, "groups": 0, "seeding": 0, "precision": 0,
           "transfer": 0, "malloc": 0,
           "__init__": 0}

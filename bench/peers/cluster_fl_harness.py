@@ -1,7 +1,7 @@
 """cluster_fl on the peer-benchmark work, through its own API (as bench/engine_bench.py does).
 
 ``setup.build_world(cfg, comm, log)`` then ``world.engine.run_round(r, state)``: one process
-with the single-process comm, or N ranks over gloo via :func:`cluster_fl.dist.spawn`.
+with the single-process comm, or N ranks over gloo via :func:`cluster_fl.distributed.spawn`.
 ``fl.clients_per_step`` (K) selects the batched path when K > 1. Client updates are counted
 where the round engine consumes them (``runner.train_cohort``), summed over ranks.
 """
@@ -61,11 +61,11 @@ def run_cell(work: Work, privacy: str, procs: int, k: int) -> CellResult:
     one_thread()
     cfg = cluster_config(work, privacy, clients_per_step=k)
     if procs == 1:
-        from cluster_fl.dist import LocalComm
+        from cluster_fl.distributed import LocalComm
 
         outs = [_rank(LocalComm(), to_dict(cfg), work.rounds)]
     else:
-        from cluster_fl.dist import spawn
+        from cluster_fl.distributed import spawn
 
         outs = spawn(_rank, procs, to_dict(cfg), work.rounds, timeout_s=3600, threads=1)
     lead = next(o for o in outs if o["rank"] == 0)

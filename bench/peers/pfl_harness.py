@@ -149,7 +149,7 @@ def _worker(work: Work, privacy: str) -> dict:
 def run_cell(work: Work, privacy: str, procs: int, timeout_s: float = 3600) -> CellResult:
     """Measure pfl with ``procs`` worker processes (fresh processes: pfl reads its worker
     layout from the environment when it is imported)."""
-    from cluster_fl.dist.spawn import free_port
+    from cluster_fl.distributed.spawn import free_port
 
     ports = [free_port() for _ in range(procs)]
     addresses = ",".join(f"127.0.0.1:{p}" for p in ports)

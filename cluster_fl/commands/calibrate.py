@@ -1,5 +1,5 @@
 """``cluster-fl calibrate CONFIG [--speakers N] [--write OUT.yaml] [--json]``: the norm probe on
-public speakers and the recommended α (:mod:`cluster_fl.experiments.calibrate`)."""
+public speakers and the recommended α (:mod:`cluster_fl.training.calibrate`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import argparse
 import json
 
 from cluster_fl.commands import add_config_arguments, load_checked
-from cluster_fl.experiments.calibrate import calibrate, format_result, write_preset
+from cluster_fl.training.calibrate import calibrate, format_result, write_preset
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

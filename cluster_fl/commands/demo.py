@@ -19,7 +19,7 @@
    set by the same evaluation) beside the methods, then every method paired against flat
    (``cluster-fl table --against flat``): which ones learn and which fall behind.
 
-The round-0 score is kept under ``<out>/demo/`` (``cluster_fl.experiments.round0``), so
+The round-0 score is kept under ``<out>/demo/`` (``cluster_fl.report.round0``), so
 ``cluster-fl table`` shows it too.
 
 Everything is cached under ``--cache`` (default ``$CLUSTER_FL_CACHE`` or ``~/.cache/cluster_fl``),
@@ -39,7 +39,7 @@ from pathlib import Path
 from cluster_fl.config import load_config, override
 from cluster_fl.data.corpus import DEFAULT_FOLDER, default_cache
 from cluster_fl.engine.rundir import is_done, run_dir
-from cluster_fl.experiments.round0 import evaluate_round0
+from cluster_fl.report.round0 import evaluate_round0
 from cluster_fl.errors import UserError
 
 DEMO_CONFIG = Path(__file__).resolve().parents[1] / "assets" / "demo-heavy.yaml"
@@ -122,7 +122,7 @@ def train_on_ranks(cfg, ranks: int) -> Path:
     """One federated run of ``cfg`` as ``ranks`` local processes (torchrun), its progress on
     stderr; returns the run folder. ``ranks == 1`` trains in this process."""
     from cluster_fl.config import dump_config
-    from cluster_fl.dist.launch import local_ranks_command
+    from cluster_fl.distributed.launch import local_ranks_command
     from cluster_fl.errors import PREEMPTED_EXIT
     from cluster_fl.engine.train import Preempted, run_training
 
@@ -151,9 +151,9 @@ def run(args: argparse.Namespace) -> int:
     from cluster_fl.data import count_clients, make_corpus
     from cluster_fl.errors import PREEMPTED_EXIT
     from cluster_fl.engine.train import Preempted
-    from cluster_fl.experiments.compare import compare, comparisons_markdown
-    from cluster_fl.experiments.results import find_runs
-    from cluster_fl.experiments.table import summarise, to_markdown
+    from cluster_fl.report.compare import compare, comparisons_markdown
+    from cluster_fl.report.results import find_runs
+    from cluster_fl.report.table import summarise, to_markdown
     from cluster_fl.models.checkpoint import read_meta
     from cluster_fl.training.pretrain import pretrain
 

@@ -2,7 +2,7 @@
 [--parallel N]``: submit a grid.
 
 Expansion, submission with submitit, waiting and the run-folder bookkeeping are
-:mod:`cluster_fl.experiments.grid`; this command prints the plan and the outcome. Exit 1 when a
+:mod:`cluster_fl.sweep.grid`; this command prints the plan and the outcome. Exit 1 when a
 waited-for run failed.
 """
 
@@ -12,12 +12,12 @@ import argparse
 import dataclasses
 
 from cluster_fl.config import parse_override
-from cluster_fl.experiments.grid import (CLUSTERS, TrainFn, check_devices, check_resources, pending_runs,
+from cluster_fl.sweep.grid import (CLUSTERS, TrainFn, check_devices, check_resources, pending_runs,
                                          seed_major, submit)
-from cluster_fl.experiments.gridspec import load_grid, run_folder
-from cluster_fl.experiments.pack import check_packing, packs, runs_per_task
-from cluster_fl.experiments.round0 import score_round0
-from cluster_fl.experiments.status import format_states
+from cluster_fl.sweep.gridspec import load_grid, run_folder
+from cluster_fl.sweep.pack import check_packing, packs, runs_per_task
+from cluster_fl.report.round0 import score_round0
+from cluster_fl.sweep.status import format_states
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -1,5 +1,5 @@
 """``cluster-fl plan CONFIG --gpus N --gpu-memory GiB``: per-GPU memory of a config, before a job
-(:mod:`cluster_fl.experiments.plan`; the ``--json`` contract is documented there)."""
+(:mod:`cluster_fl.sizing.plan`; the ``--json`` contract is documented there)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import argparse
 import json
 
 from cluster_fl.commands import add_config_arguments, load_checked
-from cluster_fl.experiments.plan import PROFILES, format_plan, plan
+from cluster_fl.sizing.plan import PROFILES, format_plan, plan
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -1,5 +1,5 @@
 """``cluster-fl plot RESULTS... --out DIR``: the paper's figures from run folders
-(:mod:`cluster_fl.experiments.plot`)."""
+(:mod:`cluster_fl.report.plot`)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import argparse
 from pathlib import Path
 
 from cluster_fl.errors import UserError
-from cluster_fl.experiments.plot import make_figures
-from cluster_fl.experiments.results import find_runs
+from cluster_fl.report.plot import make_figures
+from cluster_fl.report.results import find_runs
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -22,7 +22,7 @@ def run(args: argparse.Namespace) -> int:
     """Entry point of ``cluster-fl pretrain``."""
     import torch
 
-    from cluster_fl.dist.launch import cpu_mask
+    from cluster_fl.distributed.launch import cpu_mask
     from cluster_fl.training.pretrain import pretrain
 
     cfg = load_checked(args.config, args.overrides)

@@ -1,7 +1,7 @@
 """``cluster-fl status GRID``: done / running / failed per cell of a grid, and why a run failed.
 
 The judging (run folders first, the scheduler as supporting evidence) is
-:mod:`cluster_fl.experiments.status`.
+:mod:`cluster_fl.sweep.status`.
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from cluster_fl.experiments.gridspec import load_grid, run_folder
-from cluster_fl.experiments.status import (STALE_S, failure_reason, format_states, grid_states,
+from cluster_fl.sweep.gridspec import load_grid, run_folder
+from cluster_fl.sweep.status import (STALE_S, failure_reason, format_states, grid_states,
                                            read_registry)
 
 

@@ -1,12 +1,12 @@
 """``cluster-fl table RESULTS... [--format md|csv|latex] [--out FILE] [--against METHOD | --norms]``.
 
 The statistics (mean ± std over seeds, hierarchical-bootstrap CIs over seeds and speakers, ε and
-per-pool σ) are :mod:`cluster_fl.experiments.table`; ``--against METHOD`` prints instead every
+per-pool σ) are :mod:`cluster_fl.report.table`; ``--against METHOD`` prints instead every
 method paired against METHOD (Δ WER, hierarchical CI, two-sided seed-level paired t-test,
 Holm-corrected across the table, verdict at the stated level, n seeds × n speakers;
-:mod:`cluster_fl.experiments.compare`);
+:mod:`cluster_fl.report.compare`);
 ``--norms`` the runs' update norms per component, decoder/encoder ratio and clip rates
-(:mod:`cluster_fl.experiments.norm_table`).
+(:mod:`cluster_fl.report.norm_table`).
 A damaged results file is a one-line error naming it.
 """
 
@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Sequence
 
 from cluster_fl.errors import UserError, short_reason
-from cluster_fl.experiments.results import find_runs, mixed_starting_models
-from cluster_fl.experiments.table import BOOTSTRAP, FORMATS, summarise
+from cluster_fl.report.results import find_runs, mixed_starting_models
+from cluster_fl.report.table import BOOTSTRAP, FORMATS, summarise
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -67,14 +67,14 @@ def run(args: argparse.Namespace) -> int:
         if norms and (args.against or args.format == "latex"):
             raise UserError("--norms writes md or csv, and not with --against")
         if norms:
-            from cluster_fl.experiments.norm_table import norm_rows, norms_csv, norms_markdown
+            from cluster_fl.report.norm_table import norm_rows, norms_csv, norms_markdown
             rows = norm_rows(runs)
             if not rows:
                 raise UserError("no run logged per-group norms (privacy.diagnostics: exact or "
                                 f"noised) under {' '.join(args.results)}")
             text = (norms_csv if args.format == "csv" else norms_markdown)(rows)
         elif args.against:
-            from cluster_fl.experiments.compare import (compare, comparisons_csv,
+            from cluster_fl.report.compare import (compare, comparisons_csv,
                                                         comparisons_markdown)
             if args.format == "latex":
                 raise UserError("--against writes md or csv")

@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
             folder = run_training(cfg)  # records failures in status.json itself
     except (Preempted, Stopped):
         return PREEMPTED_EXIT
-    from cluster_fl.dist.launch import launch_rank
+    from cluster_fl.distributed.launch import launch_rank
 
     if launch_rank() == 0:
         print(folder)

@@ -19,7 +19,7 @@ from typing import Callable, Iterable, Iterator, Mapping, Sequence
 import torch
 
 from cluster_fl.config import ClientConfig, FLConfig
-from cluster_fl.dist.parallelize import LaneLayout, Placement
+from cluster_fl.distributed.parallelize import LaneLayout, Placement
 from cluster_fl.engine.batched import local_steps, lr_at, train_block
 from cluster_fl.groups import GroupSpec
 from cluster_fl.seeding import derive_seed, generator

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from cluster_fl.dist import Comm
-from cluster_fl.dist.parallelize import LaneLayout, Placement
+from cluster_fl.distributed import Comm
+from cluster_fl.distributed.parallelize import LaneLayout, Placement
 
 
 def plan_batches(utterances: Sequence[Any], batch_size: int) -> list[list[int]]:

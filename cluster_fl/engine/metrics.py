@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterable, Mapping
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from cluster_fl.dist import Comm
+from cluster_fl.distributed import Comm
 from cluster_fl.engine.operator_log import operator_path
 from cluster_fl.engine.rundir import atomic_write_bytes, write_json
 from cluster_fl.privacy.diagnostics import LOSS_SCALE

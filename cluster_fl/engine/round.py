@@ -29,8 +29,8 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from cluster_fl.config import Config
-from cluster_fl.dist.comm import Comm
-from cluster_fl.dist.parallelize import LaneLayout
+from cluster_fl.distributed.comm import Comm
+from cluster_fl.distributed.parallelize import LaneLayout
 from cluster_fl.engine import cohort as cohort_mod
 from cluster_fl.engine.client import ClientRunner, ClientUpdate, HeapTrimmer
 from cluster_fl.engine.feeder import ClientFeeder

@@ -15,8 +15,8 @@ import torch
 from torch import nn
 
 from cluster_fl.config import Config, to_dict
-from cluster_fl.dist import Comm
-from cluster_fl.dist.parallelize import LaneLayout, Placement, parallelize, resolve_device
+from cluster_fl.distributed import Comm
+from cluster_fl.distributed.parallelize import LaneLayout, Placement, parallelize, resolve_device
 from cluster_fl.engine.client import ClientRunner
 from cluster_fl.engine.cohort import sampling_rate
 from cluster_fl.engine.evaluation import ShardedEvaluation
@@ -40,7 +40,7 @@ def set_threads(cfg: Config, comm: Comm) -> int:
     Collective when several ranks run (their masks are gathered); returns the number."""
     import socket
 
-    from cluster_fl.dist.launch import cpu_mask, threads_per_rank
+    from cluster_fl.distributed.launch import cpu_mask, threads_per_rank
 
     mine, host = cpu_mask(), socket.gethostname()
     masks = ([(host, sorted(mine))] if comm.world_size == 1 else

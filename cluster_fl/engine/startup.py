@@ -24,7 +24,7 @@ import socket
 import time
 from pathlib import Path
 
-from cluster_fl.dist import Comm
+from cluster_fl.distributed import Comm
 from cluster_fl.engine.rundir import atomic_write_bytes
 from cluster_fl.errors import UserError
 

@@ -47,7 +47,7 @@ from cluster_fl.engine.rundir import (RESUME_TOLERATED, RunLock, append_text, cl
 from cluster_fl.errors import UserError
 
 if TYPE_CHECKING:  # imported lazily at run time: the process boundary starts with the run
-    from cluster_fl.dist import Comm
+    from cluster_fl.distributed import Comm
 
 # OS errors that describe the machine, not the code: reported as one line (exit 2)
 _ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG, errno.EACCES,
@@ -133,7 +133,7 @@ def run_training(cfg: Config, comm: Comm | None = None) -> Path:
 
 
 def _run(cfg: Config, comm: Comm | None, folder: Path, stop: StopFlag) -> Path:
-    from cluster_fl import dist
+    from cluster_fl import distributed as dist
 
     own_comm = comm is None
     comm = comm or dist.init_comm(timeout_s=cfg.run.timeout_s,
@@ -432,7 +432,7 @@ def evaluate_start(cfg: Config) -> tuple[dict, list[dict]]:
     """(summary, rows) of the model a run of ``cfg`` starts from -- round 0, before any client
     trains -- on the run's evaluation set, by the run's own evaluation (one process): the
     baseline federated training is measured against."""
-    from cluster_fl.dist import LocalComm
+    from cluster_fl.distributed import LocalComm
     from cluster_fl.engine import setup
 
     comm = LocalComm()

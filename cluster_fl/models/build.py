@@ -2,7 +2,7 @@
 real variants with ``from_pretrained(local_files_only=True)`` (never downloads), and weightless
 skeletons on the meta device -- for sizing, and for sharded lanes, whose ranks each load only
 their shard of the frozen base (``build_base(meta=True)``; :mod:`cluster_fl.models.weights`
-reads the checkpoint, :mod:`cluster_fl.dist.parallelize` places the shards).
+reads the checkpoint, :mod:`cluster_fl.distributed.parallelize` places the shards).
 
 Weights a checkpoint does not hold -- LoRA, and the whisper-llama connector between a pretrained
 encoder and a pretrained LLM -- are drawn by :func:`init_new_weights` from one seed taken from the
@@ -262,7 +262,7 @@ def _load_real(spec: ArchSpec, model_cfg: ModelConfig, tokenizer: Tokenizer) -> 
 
     # Load straight into the storage dtype of the frozen base (an fp16 or bf16 checkpoint is
     # cast once here, not after a full fp32 copy); the trainable groups are made fp32 masters
-    # afterwards (cluster_fl.dist.parallelize.apply_dtype).
+    # afterwards (cluster_fl.distributed.parallelize.apply_dtype).
     dtype = _storage_dtype(model_cfg)
     try:
         if spec.family == "voxtral":

@@ -2,7 +2,7 @@
 
 Sharded lanes (``model.shard_group_size`` > 1) build the real architectures as a skeleton on the
 meta device and let each rank read only its shard of every frozen tensor
-(:mod:`cluster_fl.dist.parallelize`), so no rank ever holds the whole base on the host. This
+(:mod:`cluster_fl.distributed.parallelize`), so no rank ever holds the whole base on the host. This
 module is the reading side:
 
 * :class:`SafetensorsFile` reads a ``.safetensors`` file with plain positioned reads (the format
@@ -113,7 +113,7 @@ def _rules(family: str) -> list[tuple[str, str, tuple[str, ...]]]:
 
 class SkeletonWeights:
     """Where a meta skeleton's tensors come from (``model.weights``), and how a skeleton is
-    completed with them. The process boundary (:mod:`cluster_fl.dist.parallelize`) places shards
+    completed with them. The process boundary (:mod:`cluster_fl.distributed.parallelize`) places shards
     and calls back here through the model, so it never imports model code."""
 
     def read(self, name: str, start: int | None = None, stop: int | None = None

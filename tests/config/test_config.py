@@ -164,7 +164,7 @@ def test_files_enter_the_run_id_by_their_last_name():
     assert rid("/home/a/.cache/cluster_fl/corpus-v2", "/home/a/ckpt/tiny-1600steps") != here
     assert rid("/home/a/.cache/cluster_fl/corpus-v3", "/home/a/ckpt/tiny-5600steps") != here
 
-    from cluster_fl.experiments.round0 import round0_folder  # the starting model's score too
+    from cluster_fl.report.round0 import round0_folder  # the starting model's score too
 
     def r0(home: str) -> str:
         return round0_folder(load_config(None, [f"data.corpus={home}/corpus-v3",

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cluster_fl.dist import spawn
-from cluster_fl.dist.launch import cpu_mask, device_index, threads_per_rank
+from cluster_fl.distributed import spawn
+from cluster_fl.distributed.launch import cpu_mask, device_index, threads_per_rank
 from cluster_fl.errors import UserError
 
 
@@ -30,7 +30,7 @@ def test_no_visible_device_is_an_error_not_a_guess():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the machine without CUDA")
 def test_cuda_asked_for_without_cuda_is_an_error_naming_the_key(monkeypatch):
-    from cluster_fl.dist.parallelize import resolve_device
+    from cluster_fl.distributed.parallelize import resolve_device
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     with pytest.raises(UserError, match=r"run.device: cuda .*CUDA_VISIBLE_DEVICES=''.*gpus_per_task"):
@@ -48,8 +48,8 @@ def test_threads_share_the_affinity_mask_with_the_ranks_that_overlap_it():
 
 def test_set_threads_reads_the_mask_not_the_cpu_count(monkeypatch):
     from cluster_fl.config import load_config
-    from cluster_fl.dist import LocalComm
-    from cluster_fl.dist import launch
+    from cluster_fl.distributed import LocalComm
+    from cluster_fl.distributed import launch
     from cluster_fl.engine import setup
 
     before = torch.get_num_threads()

@@ -1,4 +1,4 @@
-"""Real gloo process groups through ``cluster_fl.dist``: the collectives, the launcher helper's
+"""Real gloo process groups through ``cluster_fl.distributed``: the collectives, the launcher helper's
 error propagation, and collective timeouts (a dead or stuck rank fails its peers, no hang)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from cluster_fl.dist import CommError, RankFailure, SpawnError, TorchComm, spawn
+from cluster_fl.distributed import CommError, RankFailure, SpawnError, TorchComm, spawn
 
 TIMEOUT_S = 5  # collective timeout used by the failure tests
 

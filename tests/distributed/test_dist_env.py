@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from cluster_fl.dist import (LocalComm, bitwise_differences, detect_launch, env_from_slurm,
+from cluster_fl.distributed import (LocalComm, bitwise_differences, detect_launch, env_from_slurm,
                              expand_nodelist, init_comm, slurm_port)
 
 
@@ -102,7 +102,7 @@ def test_bitwise_differences_sees_sign_of_zero_dtype_and_one_ulp():
 def test_submitit_jobs_get_torchruns_variables_with_the_slurm_port_rule():
     from types import SimpleNamespace
 
-    from cluster_fl.dist import launch_rank, submitit_torch_env, torch_env_set
+    from cluster_fl.distributed import launch_rank, submitit_torch_env, torch_env_set
 
     job = SimpleNamespace(raw_job_id="4242_7", hostnames=["gpu3", "gpu4"], global_rank=5,
                           num_tasks=8, local_rank=1, num_nodes=2)

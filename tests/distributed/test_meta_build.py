@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 from hf_checkpoints import save_voxtral, save_whisper_llama  # noqa: E402
 
 from cluster_fl.config import ModelConfig  # noqa: E402
-from cluster_fl.dist import spawn  # noqa: E402
+from cluster_fl.distributed import spawn  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +46,7 @@ def _state(model) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("arch", ["whisper-tinyllama", "voxtral"])
 def test_a_skeleton_read_whole_is_the_from_pretrained_model(checkpoints, arch):
-    from cluster_fl.dist.parallelize import parallelize
+    from cluster_fl.distributed.parallelize import parallelize
     from cluster_fl.models import build_model
 
     cfg = _cfg(checkpoints, arch, dtype="bfloat16")
@@ -71,7 +71,7 @@ def lane_worker(comm, root: Path, arch: str, shard: str) -> dict:
     gathered state, the rows read per tensor and the share of the base held locally."""
     from torch.distributed.tensor import DTensor
 
-    from cluster_fl.dist.parallelize import LaneLayout, parallelize
+    from cluster_fl.distributed.parallelize import LaneLayout, parallelize
     from cluster_fl.models import build_model
     from cluster_fl.models.weights import CheckpointWeights
 
@@ -118,7 +118,7 @@ def _shards(shard: str):
                                         ("whisper-tinyllama", "deepspeed")])
 def test_a_lane_of_two_loads_only_its_shards_and_equals_a_whole_build(checkpoints, arch, shard):
     _shards(shard)
-    from cluster_fl.dist.parallelize import LaneLayout, parallelize
+    from cluster_fl.distributed.parallelize import LaneLayout, parallelize
     from cluster_fl.models import build_model
 
     cfg = _cfg(checkpoints, arch)

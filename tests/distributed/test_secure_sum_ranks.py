@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from cluster_fl.dist import bitwise_differences, run_parity
+from cluster_fl.distributed import bitwise_differences, run_parity
 from cluster_fl.secure_sum import SecureSummer, decode, encode
 
 SHAPES = {"enc.q.lora_A": (4, 8), "dec.v.lora_B": (16,), "stat": 3, "n_clients": 1}

@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cluster_fl.dist import LocalComm
+from cluster_fl.distributed import LocalComm
 from cluster_fl.errors import UserError
 from cluster_fl.secure_sum import (SecureSummer, SecureSumRangeError, check_range, decode, encode,
                                    mask_mode)

@@ -25,7 +25,7 @@ def reference_out(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def reference_run(tiny_corpus, reference_out) -> dict:
     """The uninterrupted single-process run (also fills the corpus's feature cache)."""
-    from cluster_fl.dist import spawn
+    from cluster_fl.distributed import spawn
 
     return spawn(training_worker, 1, tiny_overrides(tiny_corpus, reference_out), use_fake=True,
                  timeout_s=150)[0]

@@ -2,7 +2,7 @@
 
 The fake runner (:class:`FakeRunner`) is a test double for ``ClientRunner``: it returns crafted
 updates, so the round engine's clip → secure sum → noise → apply path can be checked without a
-model. Worker functions for ``cluster_fl.dist.spawn`` live here because spawned processes must
+model. Worker functions for ``cluster_fl.distributed.spawn`` live here because spawned processes must
 import them by module name (``tests`` is not a package; ``tests/engine`` is on ``sys.path`` via
 pytest's rootdir-relative import, and each worker re-inserts its folder itself).
 """
@@ -117,7 +117,7 @@ def make_engine(cfg: Config, runner: FakeRunner, n_clients: int, comm: Any = Non
                 groups: Sequence[GroupSpec] = FAKE_GROUPS,
                 clients: Sequence[ClientData] | None = None) -> RoundEngine:
     """A RoundEngine over fake clients (or ``clients``) with the config's policy and noise."""
-    from cluster_fl.dist import LocalComm
+    from cluster_fl.distributed import LocalComm
     from cluster_fl.privacy import make_policy, noise_for
 
     private = cfg.privacy.mechanism == "gaussian"

@@ -25,7 +25,7 @@ import torch
 from engine_helpers import cohort_sizes, read_run, tiny_config, tiny_overrides, training_worker
 
 from cluster_fl.config import dump_config, override
-from cluster_fl.dist import LocalComm, bitwise_differences, spawn
+from cluster_fl.distributed import LocalComm, bitwise_differences, spawn
 from cluster_fl.engine import cohort as cohort_mod
 from cluster_fl.engine.batched import StackedAdamW
 from cluster_fl.errors import PREEMPTED_EXIT

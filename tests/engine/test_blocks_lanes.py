@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from engine_helpers import FakeRunner, engine_config, make_engine, random_update
 
-from cluster_fl.dist.parallelize import LaneLayout
+from cluster_fl.distributed.parallelize import LaneLayout
 from cluster_fl.engine import cohort as cohort_mod
 
 

@@ -1,7 +1,7 @@
 """The compiled training step (``model.compile``): the same updates as the eager step, within the
 batched-client tests' tolerance, from a bounded number of compiled graphs.
 
-Each encoder and decoder layer is compiled with symbolic shapes (``dist.parallelize.apply_compile``);
+Each encoder and decoder layer is compiled with symbolic shapes (``distributed.parallelize.apply_compile``);
 the step's inputs are prepared on the host (``SpeechLLM.prepare``) with lengths rounded up to
 ``STEP_BUCKETS``. float32 on both sides: the tolerance is float32's (inductor fuses and reorders
 the elementwise work, so sums round differently), as in tests/engine/test_batched.py.
@@ -19,7 +19,7 @@ import torch
 
 from engine_helpers import tiny_config
 
-from cluster_fl.dist import LocalComm
+from cluster_fl.distributed import LocalComm
 
 REL_TOL = 1e-4
 pytestmark = pytest.mark.slow

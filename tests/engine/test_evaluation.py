@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cluster_fl.dist.parallelize import LaneLayout
+from cluster_fl.distributed.parallelize import LaneLayout
 from cluster_fl.engine.evaluation import ShardedEvaluation, plan_batches
 
 
@@ -88,7 +88,7 @@ def test_a_runs_evaluation_decodes_with_its_configured_cache(tiny_corpus, tmp_pa
 
     from engine_helpers import tiny_config
 
-    from cluster_fl.dist import LocalComm
+    from cluster_fl.distributed import LocalComm
     from cluster_fl.engine import setup
 
     ev = importlib.import_module("cluster_fl.eval.evaluate")  # the module, not its function

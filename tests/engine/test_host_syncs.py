@@ -35,7 +35,7 @@ from engine_helpers import (FAKE_GROUPS, FakeRunner, engine_config, make_engine,
                             tiny_config)
 from host_syncs import HostReads
 
-from cluster_fl.dist import LocalComm
+from cluster_fl.distributed import LocalComm
 
 PER_STEP, PER_CLIENT, PER_TAIL = 0, 1, 1
 

@@ -18,7 +18,7 @@ import torch
 from engine_helpers import (cohort_sizes, decisions_worker, slow_rank_worker, tiny_config,
                             tiny_overrides)
 
-from cluster_fl.dist import RankFailure, spawn
+from cluster_fl.distributed import RankFailure, spawn
 
 LANE = ["model.shard=fsdp2", "model.shard_group_size=2"]
 MIXED_CLIPPING = ["privacy.clipping=flat", "privacy.clip_norm=0.41"]

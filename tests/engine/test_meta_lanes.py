@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 
 from hf_checkpoints import save_whisper_llama  # noqa: E402
 
-from cluster_fl.dist import spawn  # noqa: E402
+from cluster_fl.distributed import spawn  # noqa: E402
 
 # two ranks building and loading real (stand-in) checkpoints, ~25 s: `slow`, run by .ci/run after
 # the default suite; tests/distributed/test_meta_build.py keeps the meta load in the default one
@@ -40,7 +40,7 @@ def real(tiny_corpus, reference_run, tmp_path_factory):
 
 def test_a_meta_built_fsdp2_lane_of_a_real_architecture_trains_like_one_rank(real):
     from cluster_fl.config import load_config
-    from cluster_fl.dist.parallelize import LaneLayout
+    from cluster_fl.distributed.parallelize import LaneLayout
     from cluster_fl.engine.setup import sharded_from_meta
 
     lane_overrides = real("lane", "model.shard=fsdp2", "model.shard_group_size=2")

@@ -22,7 +22,7 @@ import pytest
 from engine_helpers import (cohort_sizes, noise_only_worker, preempt_rank0_worker,
                             tiny_overrides, training_worker)
 
-from cluster_fl.dist import bitwise_differences, spawn
+from cluster_fl.distributed import bitwise_differences, spawn
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ import torch
 from engine_helpers import HERE, read_run, tiny_config
 
 from cluster_fl.config import dump_config
-from cluster_fl.dist import bitwise_differences
+from cluster_fl.distributed import bitwise_differences
 from cluster_fl.engine.checkpoint import StopFlag
 from cluster_fl.errors import PREEMPTED_EXIT
 from cluster_fl.engine.train import run_training

@@ -29,7 +29,7 @@ from engine_helpers import (FAKE_GROUPS, FakeRunner, chi2_interval, engine_confi
                             make_engine, noise_worker, norm, random_update, received_worker,
                             zero_state)
 
-from cluster_fl.dist import LocalComm, bitwise_differences, spawn
+from cluster_fl.distributed import LocalComm, bitwise_differences, spawn
 
 N = 5  # cohort size (fixed sampling over 5 clients: everyone, every round)
 POOLS = {"encoder": ["enc.q.A", "enc.q.B"], "decoder": ["conn.w", "dec.v.B"]}

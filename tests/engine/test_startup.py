@@ -20,7 +20,7 @@ import pytest
 
 from engine_helpers import tiny_overrides, training_worker
 
-from cluster_fl.dist import RankFailure, spawn
+from cluster_fl.distributed import RankFailure, spawn
 
 DEAD_PEER_S = 2
 

@@ -64,7 +64,7 @@ def test_batched_clients_on_cuda_equal_one_client_at_a_time(tiny_corpus, tmp_pat
     # the batch shape: measured on an H200, 3.4e-4 relative with TF32, < 1e-4 without it (fp32
     # matmuls are already full precision by default).
     from cluster_fl.config import load_config
-    from cluster_fl.dist import LocalComm
+    from cluster_fl.distributed import LocalComm
     from cluster_fl.engine import setup
 
     cfg = load_config(None, [f"data.corpus={tiny_corpus}", "data.languages=[en,de,fr]",

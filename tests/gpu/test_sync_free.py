@@ -72,7 +72,7 @@ def counting_syncs() -> Iterator[SyncLog]:
 
 def _world(tiny_corpus, out, *extra):
     from cluster_fl.config import load_config
-    from cluster_fl.dist import LocalComm
+    from cluster_fl.distributed import LocalComm
     from cluster_fl.engine import setup
 
     cfg = load_config(None, [f"data.corpus={tiny_corpus}", "data.languages=[en,de,fr]",

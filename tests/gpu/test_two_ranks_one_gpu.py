@@ -1,6 +1,6 @@
 """Two ranks on one GPU (issue 25, item 8; ``-m gpu``, skipped without CUDA): two gloo ranks
 (NCCL refuses two ranks on one device) share the one GPU -- each finds it at ``cuda:0`` from its
-LOCAL_RANK and the visible device count (``dist.launch.device_index``) -- train 2 rounds of the
+LOCAL_RANK and the visible device count (``distributed.launch.device_index``) -- train 2 rounds of the
 tiny model, and make the clip decision of the 1-process run on the same GPU for every client of
 both rounds, and its evaluation rows. Run by ``bench/gpu_check.sh``. Multi-GPU NCCL between
 ranks cannot be tested on one GPU and is not simulated here."""
@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
 
 from engine_helpers import decisions_worker, tiny_overrides  # noqa: E402
 
-from cluster_fl.dist import spawn  # noqa: E402
+from cluster_fl.distributed import spawn  # noqa: E402
 
 # clipped and unclipped clients both (C just above the tiny model's typical first-round norm)
 # (eager: this test is about ranks; the compiled step is measured by bench/gpu_check.sh)

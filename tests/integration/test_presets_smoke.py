@@ -8,7 +8,7 @@ What stands in for what this machine does not have:
 
 * weights: random (:class:`~cluster_fl.models.weights.RandomWeights`), through the meta-device
   build a sharded lane uses (``build_model(meta=True)``) and the unsharded materialisation of
-  ``dist.parallelize``;
+  ``distributed.parallelize``;
 * the real tokenizer: a word-level Hugging Face tokenizer of the decoder's real vocabulary size,
   saved to a temporary folder and loaded by the production adapter (``model.tokenizer_path``);
 * a ``model.checkpoint`` of a tiny variant (the study's pretrained starting points): the same
@@ -43,7 +43,7 @@ TIMES: dict[str, float] = {}
 def _configs() -> dict[str, tuple[list[str], object]]:
     """shape key -> (the presets and grid cells it stands for, one resolved config of them)."""
     from cluster_fl.config import load_config
-    from cluster_fl.experiments.gridspec import expand, load_grid
+    from cluster_fl.sweep.gridspec import expand, load_grid
     from cluster_fl.models.registry import resolve_shapes
 
     found: dict[str, tuple[list[str], object]] = {}
@@ -114,7 +114,7 @@ SLOW_KEYS = ("whisper-eurollm-9b-", "voxtral-True-")
                                  if k.startswith(SLOW_KEYS) else k for k in sorted(CONFIGS)])
 def test_a_preset_at_real_widths_takes_a_client_step_and_decodes(key, tmp_path):
     from cluster_fl.config import override
-    from cluster_fl.dist.parallelize import parallelize
+    from cluster_fl.distributed.parallelize import parallelize
     from cluster_fl.engine.client import ClientRunner
     from cluster_fl.engine.setup import make_batches
     from cluster_fl.models import (build_model, get_arch, get_trainable, greedy_decode,

@@ -1,4 +1,4 @@
-"""The dtype policy applied by ``cluster_fl.dist.parallelize``: checkpoints saved in fp32, fp16 or
+"""The dtype policy applied by ``cluster_fl.distributed.parallelize``: checkpoints saved in fp32, fp16 or
 bf16 load into ``model.dtype`` for the frozen base, the trainable groups stay fp32 masters, and a
 federated round trains from them (the update, clipping and the fixed-point sum stay fp32)."""
 
@@ -10,7 +10,7 @@ import torch
 from hf_checkpoints import save_voxtral, save_whisper_llama
 
 from cluster_fl.config import ModelConfig, load_config
-from cluster_fl.dist.parallelize import DTYPES, Placement, parallelize
+from cluster_fl.distributed.parallelize import DTYPES, Placement, parallelize
 from cluster_fl.models import build_model, get_trainable, trainable_parameters
 
 SAVED = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}

@@ -112,7 +112,7 @@ def test_the_cli_refuses_80_mel_bins_for_whisper_large_v3_in_one_line():
 
 
 def test_a_grid_cell_that_contradicts_its_model_is_refused_before_submission():
-    from cluster_fl.experiments.gridspec import expand, load_grid
+    from cluster_fl.sweep.gridspec import expand, load_grid
 
     grid = load_grid(ROOT / "configs" / "grids" / "paper.yaml")
     specs = expand(grid)

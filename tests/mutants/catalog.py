@@ -23,7 +23,8 @@ E = "tests/engine/"
 P = "tests/privacy/"
 D = "tests/distributed/"
 R = "tests/reliability/"
-X = "tests/experiments/"
+S = "tests/sweep/"
+Q = "tests/report/"
 
 MUTANTS: list[Mutant] = [
     Mutant("noise-sigma-not-sigma-C", "cluster_fl/engine/round.py",
@@ -103,15 +104,15 @@ MUTANTS: list[Mutant] = [
            (("key=lambda pair: pair[0])]", "key=lambda pair: -pair[0])]"),),
            (E + "test_evaluation.py::test_rank_0_puts_the_gathered_rows_back_in_the_evaluation_sets_order",),
            "evaluation rows gathered from the ranks come back in reverse set order"),
-    Mutant("preempted-not-requeued", "cluster_fl/experiments/grid.py",
+    Mutant("preempted-not-requeued", "cluster_fl/sweep/grid.py",
            (('if type(exc).__name__ == "Preempted":', 'if type(exc).__name__ == "Preempted!":'),),
-           (X + "test_grid.py::"
+           (S + "test_grid.py::"
             "test_a_run_preempted_on_the_local_cluster_is_requeued_and_resumes_from_its_folder",),
            "a preempted grid task is recorded as failed instead of requeued"),
-    Mutant("stale-heartbeat-is-running", "cluster_fl/experiments/status.py",
+    Mutant("stale-heartbeat-is-running", "cluster_fl/sweep/status.py",
            (('if state == "running" and alive is None and _age_s(status) < stale_s:',
              'if state == "running" and alive is None and _age_s(status) >= stale_s:'),),
-           (X + "test_slurm.py::test_a_running_folder_whose_job_cannot_be_asked_is_judged_by_its_heartbeat",),
+           (S + "test_slurm.py::test_a_running_folder_whose_job_cannot_be_asked_is_judged_by_its_heartbeat",),
            "requeue/resubmit decision: a stale run is judged running and never resubmitted"),
     Mutant("diagnostics-noise-not-scaled", "cluster_fl/privacy/diagnostics.py",
            (("self.noise_std = multiplier * self.sensitivity if multiplier is not None else 0.0",
@@ -179,9 +180,9 @@ MUTANTS: list[Mutant] = [
             "test_the_first_attempt_fixes_the_starting_model_and_a_changed_one_is_refused",),
            "a run resumed where its checkpoint was rebuilt (another CPU: another model, session "
            "19) goes on from other weights than it began with"),
-    Mutant("round0-cache-ignores-the-bytes", "cluster_fl/experiments/round0.py",
+    Mutant("round0-cache-ignores-the-bytes", "cluster_fl/report/round0.py",
            (("        cached = False  # scored on other bytes", "        pass  # scored on other bytes"),),
-           (X + "test_round0.py::"
+           (Q + "test_round0.py::"
             "test_a_cached_score_of_other_bytes_under_the_same_checkpoint_is_redone",),
            "round-0 keeps the score of a starting model the study no longer uses"),
     Mutant("demo-trusts-a-changed-starting-model", "cluster_fl/commands/demo.py",
@@ -197,10 +198,10 @@ MUTANTS: list[Mutant] = [
            ("tests/commands/test_demo_starting_model.py::"
             "test_the_demo_takes_the_committed_model_unless_asked_to_pretrain",),
            "the demo draws its own starting model again: another CPU, another verdict"),
-    Mutant("findings-equivalence-without-the-margin", "cluster_fl/experiments/findings.py",
+    Mutant("findings-equivalence-without-the-margin", "cluster_fl/report/findings.py",
            (("    if -margin < row.ci_low and row.ci_high < margin:",
              "    if True:"),),
-           (X + "test_findings.py::test_finding_c_is_an_equivalence_test",),
+           (Q + "test_findings.py::test_finding_c_is_an_equivalence_test",),
            "a 'within noise' verdict is read as α-split reproducing flat, however wide its CI "
            "(PROTOCOL §1's 0.02 margin)"),
     Mutant("peers-compared-in-fp32-only", "bench/peers/run.py",

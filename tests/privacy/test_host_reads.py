@@ -158,7 +158,7 @@ def test_a_block_adds_the_same_integers_as_its_clients_one_by_one(monkeypatch):
 def test_a_deferred_range_check_reads_nothing_adds_nothing_and_fails_the_reduce(monkeypatch):
     # the engine's tail: the check runs on the device; a failing call adds nothing, and the
     # next reduce (or partial) raises what the immediate check raises, before anything is sent
-    from cluster_fl.dist import LocalComm
+    from cluster_fl.distributed import LocalComm
 
     good = [{"u": torch.full((3, 4), 0.25), "stat": torch.tensor([0.5, -1.0])},
             {"w": torch.ones(5) * 0.5}]

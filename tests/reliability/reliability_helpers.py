@@ -90,7 +90,7 @@ def assert_identical(folder: Path, reference: dict[str, Any], ignore: tuple[str,
                      rows_ignore: tuple[str, ...] = ()) -> None:
     """``ignore``: final-row columns allowed to differ (``run_id`` when the corpus path does);
     ``rows_ignore``: round-row columns allowed to differ."""
-    from cluster_fl.dist import bitwise_differences
+    from cluster_fl.distributed import bitwise_differences
 
     got = result(folder)
     reference = dict(reference)

@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from cluster_fl.dist import bitwise_differences
+from cluster_fl.distributed import bitwise_differences
 from cluster_fl.engine.checkpoint import load_run_checkpoint
 from cluster_fl.engine.metrics import read_rows
 from slurm_helpers import REPO, cli, final_accounting, slurm, status, wait_until, write_grid

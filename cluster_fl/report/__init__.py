@@ -1,0 +1,1 @@
+"""Reporting: run folders read back, tables, paired comparisons, study statistics, findings, figures."""

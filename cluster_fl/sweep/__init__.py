@@ -1,0 +1,1 @@
+"""Launching: grid files, their expansion, submitit/SLURM submission, packed tasks, status."""
