@@ -12,7 +12,7 @@ import math
 import os
 import re
 from dataclasses import dataclass
-from typing import Any, Mapping, MutableMapping
+from typing import Mapping, MutableMapping
 
 @dataclass(frozen=True)
 class LaunchEnv:

@@ -28,10 +28,7 @@ run its own ``cluster-fl train`` process, after ``plan`` has checked that they f
 
 from __future__ import annotations
 
-import os
-import signal
 import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -42,7 +39,7 @@ from submitit.helpers import Checkpointable, DelayedSubmission
 
 from cluster_fl.config import Config, build_config, to_dict
 from cluster_fl.distributed.launch import export_submitit_env
-from cluster_fl.errors import PREEMPTED_EXIT, UserError
+from cluster_fl.errors import UserError
 from cluster_fl.sweep.gridspec import Grid, Resources, RunSpec, expand, run_folder
 from cluster_fl.sweep.pack import check_packing, pack_tasks
 from cluster_fl.sweep.requeue import requeue
