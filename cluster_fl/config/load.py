@@ -179,3 +179,14 @@ def override(cfg: Config, changes: Mapping[str, Any]) -> Config:
             raise _unknown(key)
         tree[parts[0]][parts[1]] = value
     return build_config(tree)
+
+
+def require_resolved(cfg: Config, where: str) -> None:
+    """Refuse a config that did not pass the entrance of its run: what the model fixes
+    (``data.n_mels``) is filled there, once, by ``models.registry.resolve_shapes`` -- the command
+    layer (``commands.load_checked``), a grid's expansion, or ``engine.train.run_training``. Code
+    below takes the resolved config it is handed and never resolves again; a 0 here is a caller
+    that skipped the entrance (a bug, not a user's mistake)."""
+    if cfg.data.n_mels <= 0:
+        raise ValueError(f"{where} needs the config resolved at its run's entrance "
+                         "(models.registry.resolve_shapes); data.n_mels is still 0")

@@ -30,7 +30,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from cluster_fl.config import Config, dump_config, to_dict
+from cluster_fl.config import Config, dump_config, require_resolved, to_dict
 from cluster_fl.errors import UserError
 
 LOCK_NAME = "run.lock"
@@ -82,9 +82,8 @@ def run_id(cfg: Config) -> str:
     """Deterministic run id: readable prefix + hash of everything that affects results."""
     if cfg.run.run_id:
         return cfg.run.run_id
-    from cluster_fl.models.registry import resolve_shapes  # data.n_mels 0: hashed as the model's
-
-    tree = to_dict(resolve_shapes(cfg))
+    require_resolved(cfg, "run_id")  # data.n_mels 0 would hash apart from the model's value
+    tree = to_dict(cfg)
     for section, key in _BOOKKEEPING:
         tree[section].pop(key, None)
     path_names(tree)

@@ -76,10 +76,8 @@ def _check_existing(folder: Path, cfg: Config) -> None:
     if not path.is_file():
         return
     try:
-        from cluster_fl.models.registry import resolve_shapes
-
-        # keys added later: defaults; shapes the model fixes: resolved on both sides
-        old = to_dict(resolve_shapes(build_config(yaml_load(path.read_text()))))
+        # keys added later: defaults; the stored config was resolved at its run's entrance
+        old = to_dict(build_config(yaml_load(path.read_text())))
     except Exception as exc:  # noqa: BLE001 - a damaged config.yaml is the user's to fix
         raise UserError(f"{path} is unreadable ({type(exc).__name__}); restore it, or delete "
                         f"{folder} to start the run again") from None
@@ -120,7 +118,7 @@ def run_training(cfg: Config, comm: Comm | None = None) -> Path:
     """
     from cluster_fl.models.registry import resolve_shapes  # JSON only: data.n_mels of the model
 
-    cfg = resolve_shapes(cfg)
+    cfg = resolve_shapes(cfg)  # the run's entrance: the one place a run's config is resolved
     folder = run_dir(cfg)
     dump_stacks_on_fatal_signal()
     # From the first moment: a signal during setup or evaluation stops at once (Stopped), one

@@ -28,6 +28,7 @@ from reliability_helpers import (Driven, cli, config_file, folder_of, one_line_e
                                  temp_files)
 
 from cluster_fl.errors import PREEMPTED_EXIT
+from resolved import resolved_config  # noqa: E402  (tests stand at a run's entrance)
 
 
 @pytest.fixture(scope="module")
@@ -109,11 +110,10 @@ def test_a_checkpoint_copied_in_from_another_run_is_refused(killed_after_round_1
     longer = reference["folder"] / "checkpoint" / "state.pt"  # 3 rounds, done
     # another run's settings (2 rounds): another id -- the checkpoint names its run
     config, folder = _copy(killed_after_round_1, tiny_corpus, tmp_path / "other", "fl.rounds=2")
-    from cluster_fl.config import load_config
     from cluster_fl.engine.rundir import write_config
     from reliability_helpers import overrides
 
-    write_config(folder, load_config(None, overrides(tiny_corpus, tmp_path / "other",
+    write_config(folder, resolved_config(None, overrides(tiny_corpus, tmp_path / "other",
                                                      "fl.rounds=2")))
     shutil.copy(longer, folder / "checkpoint" / "state.pt")
     _refused(config, folder, "belongs to run", reference["folder"].name)
