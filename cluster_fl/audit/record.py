@@ -75,7 +75,7 @@ def scan_record(run_dir: str | Path, rows: list[dict[str, Any]] | None = None,
             import torch
 
             tables["checkpoint rows"] = list(torch.load(ckpt, map_location="cpu",
-                                                        weights_only=False).get("rows", []))
+                                                        weights_only=True).get("rows", []))
         except Exception:  # noqa: BLE001 - a damaged checkpoint is the resume's to refuse
             pass
     for name, table in tables.items():

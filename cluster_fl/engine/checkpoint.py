@@ -77,7 +77,7 @@ def load_run_checkpoint(folder: Path, rounds: int | None = None) -> dict[str, An
         if bad is not None:
             raise UserError(f"checkpoint {path} is damaged (member {bad} fails its CRC check); "
                             f"{fix}")
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)  # no code runs
     except UserError:
         raise
     except Exception as exc:  # truncated zip, foreign pickle, ...: never a traceback
