@@ -556,6 +556,13 @@ class Config:
                "aggregation.secure_sum",
                "privacy.secure_mode needs the masked secure sum (aggregation.secure_sum: true); "
                "without it every rank's partial sum crosses the wire in the clear")
+        # eval.parquet holds every utterance's transcript and exact errors: in a secure run they
+        # may not be the clients' (a research run on the clients' split is recorded void)
+        _check(not (self.privacy.secure_mode and self.privacy.mechanism == "gaussian"
+                    and self.data.eval_split == self.data.client_split), "data.eval_split",
+               f"got {self.data.eval_split!r}, the clients' split (data.client_split): a secure "
+               "run evaluates on speakers who are not clients (eval.parquet releases each "
+               "utterance's transcript and errors exactly); use another split, e.g. test")
 
     @property
     def seed(self) -> int:

@@ -53,6 +53,9 @@ GUARANTEES = {
 }
 # weakest first: a table cell of several runs shows the weakest guarantee among them
 GUARANTEE_ORDER = ("none", "void", "simulation", "valid")
+# the final evaluation releases per-utterance transcripts and errors exactly (eval.parquet)
+EVAL_ON_CLIENTS = ("the evaluation set shares speakers with the clients (data.eval_split): "
+                   "eval.parquet releases their utterances' transcripts and errors exactly")
 PLD_FALLBACK = ("dp-accounting's PLD accountant does not support sampling without replacement; "
                 "fixed-size cohorts are accounted with RDP")
 
@@ -339,6 +342,8 @@ def ledger_for(cfg: Any, population: int) -> PrivacyLedger:
     ledger = PrivacyLedger(cfg.privacy, sampling_rate=m / population, sampling=cfg.fl.sampling,
                            population=population, cohort_size=m,
                            diagnostics_noise_multiplier=release_multiplier(cfg.privacy))
+    if cfg.privacy.mechanism == "gaussian" and cfg.data.eval_split == cfg.data.client_split:
+        ledger.add_void_reason(EVAL_ON_CLIENTS)
     if cfg.privacy.mechanism == "gaussian" and cfg.privacy.diagnostics == "exact":
         ledger.add_void_reason("privacy.diagnostics=exact: exact per-client diagnostics (norms, "
                                "clip flags, losses) are released without noise")

@@ -1,0 +1,50 @@
+"""What a private run may release about its clients beyond the noised update (issue 49): the
+final evaluation is never on the clients' speakers -- refused in secure mode, ``void`` in
+research mode."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from cluster_fl.config import ConfigError, load_config
+from cluster_fl.engine.setup import check_eval_speakers
+from cluster_fl.errors import UserError
+from cluster_fl.privacy import ledger_for
+
+
+def test_a_secure_run_refuses_to_evaluate_on_the_clients_split():
+    with pytest.raises(ConfigError, match="data.eval_split"):
+        load_config(None, ["privacy.secure_mode=true", "data.eval_split=private"])
+    load_config(None, ["privacy.secure_mode=true", "data.eval_split=test"])  # the default
+
+
+def test_a_research_run_that_evaluates_on_the_clients_split_is_void():
+    cfg = load_config(None, ["data.eval_split=private"])
+    ledger = ledger_for(cfg, population=100)
+    assert ledger.guarantee == "void"
+    assert any("eval" in r for r in ledger.void_reasons)
+    assert ledger_for(load_config(None, []), population=100).guarantee == "simulation"
+
+
+def _clients(*speakers):
+    return [SimpleNamespace(speaker=s) for s in speakers]
+
+
+def _utts(*speakers):
+    return [SimpleNamespace(speaker=s) for s in speakers]
+
+
+def test_evaluation_speakers_that_are_clients_are_refused_in_secure_mode_and_void_otherwise():
+    secure = load_config(None, ["privacy.secure_mode=true"])
+    research = load_config(None, [])
+    with pytest.raises(UserError, match="data.eval_split"):
+        check_eval_speakers(secure, _clients("a", "b"), _utts("b", "z"),
+                            ledger_for(secure, population=100))
+    ledger = ledger_for(research, population=100)
+    check_eval_speakers(research, _clients("a", "b"), _utts("b", "z"), ledger)
+    assert ledger.guarantee == "void"
+    disjoint = ledger_for(secure, population=100)
+    check_eval_speakers(secure, _clients("a", "b"), _utts("y", "z"), disjoint)
+    assert disjoint.guarantee == "valid"
