@@ -440,6 +440,11 @@ class RunConfig:
     """Experiment name (first folder level)."""
     run_id: str | None = None
     """Run folder name (default: derived from the resolved config)."""
+    nonce: str | None = None
+    """Random id (32 hex digits) drawn at a run's first start and stored in its config.yaml,
+    privacy.json and checkpoint; every resume compares the three, so another run's checkpoint
+    and ledger copied into the folder are refused even when the configs are equal. Left null:
+    the engine sets it (a value given must be the folder's)."""
     checkpoint_every: int = 1
     """Write an atomic checkpoint every this many rounds."""
     threads: int = 0
@@ -456,6 +461,9 @@ class RunConfig:
     def __post_init__(self) -> None:
         if self.seed is not None:
             _range(self.seed, "run.seed", 0, 2**63 - 1, integer=True)
+        _check(self.nonce is None or (isinstance(self.nonce, str) and len(self.nonce) == 32
+                                      and all(c in "0123456789abcdef" for c in self.nonce)),
+               "run.nonce", f"got {self.nonce!r}; 32 hex digits, set by the engine (leave null)")
         _range(self.checkpoint_every, "run.checkpoint_every", 1, None, integer=True)
         _range(self.threads, "run.threads", 0, 1024, integer=True)
         _in(self.device, ("cpu", "cuda", "auto"), "run.device")

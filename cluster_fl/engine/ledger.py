@@ -40,16 +40,19 @@ class RunLedger:
         self.started = 0  # the highest round whose noise may have been drawn, in any attempt
         self.path: Path | None = None
         self.run_id: str | None = None
+        self.nonce: str | None = None  # the run's (config.yaml's): a copied ledger is refused
         self.main = False
         if policy is not None and record_channels:
             ledger.add_void_reason("audit.record_channels=true: per-client uploads, norms and "
                                    "sample counts are written to channels/ in the clear")
 
     # ---- the write-ahead record ------------------------------------------------------------
-    def attach(self, folder: Path, main: bool) -> None:
-        """Keep the record in ``folder/privacy.json``; only ``main`` (rank 0) writes it."""
+    def attach(self, folder: Path, main: bool, nonce: str | None = None) -> None:
+        """Keep the record in ``folder/privacy.json``; only ``main`` (rank 0) writes it.
+        ``nonce``: the run's, which the record carries and a resume checks."""
         self.path = Path(folder) / LEDGER_NAME
         self.run_id = Path(folder).name
+        self.nonce = nonce
         self.main = main
 
     def resume(self, checkpoint: dict[str, Any] | None) -> None:
@@ -78,6 +81,10 @@ class RunLedger:
         if record.get("run_id") != self.run_id:
             raise UserError(f"{path} belongs to run {record.get('run_id')!r}, not "
                             f"{self.run_id!r}; {fix}")
+        if record.get("run_nonce") != self.nonce:
+            raise UserError(f"{path} belongs to another run (nonce {record.get('run_nonce')!r}, "
+                            f"the folder's config.yaml says {self.nonce!r}: copied from another "
+                            f"run folder?); {fix}")
         if checkpoint is not None:
             behind = sum(int(e["count"]) for e in checkpoint["ledger"]["events"])
             if started < int(checkpoint["round"]) or charged < behind:
@@ -123,7 +130,7 @@ class RunLedger:
         record = self.ledger.to_json()
         eps = record.get("epsilon")
         record["epsilon"] = eps if eps is None or math.isfinite(eps) else None
-        record.update(run_id=self.run_id, rounds_started=self.started,
+        record.update(run_id=self.run_id, run_nonce=self.nonce, rounds_started=self.started,
                       state=self.ledger.state_dict())
         return record
 

@@ -56,7 +56,7 @@ RESUME_TOLERATED = {("run", "out"), ("run", "threads"), ("run", "timeout_s"),
                     ("eval", "decode_cache")}
 # keys that do not enter the run id
 _BOOKKEEPING = RESUME_TOLERATED | {("run", "experiment"), ("run", "run_id"),
-                                   ("run", "checkpoint_every")}
+                                   ("run", "checkpoint_every"), ("run", "nonce")}
 # files and folders enter the id by their last name only: the same corpus and checkpoint under
 # another home or scratch folder is the same run, with the same id and so the same research noise
 # (the demo printed another table for every $HOME until session 14)

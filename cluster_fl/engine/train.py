@@ -38,7 +38,8 @@ from typing import TYPE_CHECKING, Any
 # Light imports only: torch, models and data are imported inside the functions, after the stop
 # handlers are installed, so that a SIGTERM during start-up is a clean stop too (exit 75).
 from cluster_fl.config import Config, build_config, to_dict, yaml_load
-from cluster_fl.engine.checkpoint import StopFlag, Stopped, load_run_checkpoint, save_run_checkpoint
+from cluster_fl.engine.checkpoint import (StopFlag, Stopped, check_checkpoint_path,
+                                          load_run_checkpoint, save_run_checkpoint)
 from cluster_fl.engine.operator_log import OperatorLog
 from cluster_fl.engine.provenance import record_attempt
 from cluster_fl.engine.rundir import (RESUME_TOLERATED, RunLock, append_text, clean_temp_files,
@@ -71,10 +72,12 @@ class Log:
             append_text(self.path, msg + "\n")
 
 
-def _check_existing(folder: Path, cfg: Config) -> None:
+def _check_existing(folder: Path, cfg: Config) -> tuple[bool, str | None]:
+    """Refuse a folder whose config.yaml describes another run; return (whether the folder has
+    a config, the run's nonce in it: None for a run from before nonces)."""
     path = folder / "config.yaml"
     if not path.is_file():
-        return
+        return False, None
     try:
         from cluster_fl.models.registry import resolve_shapes
 
@@ -84,9 +87,13 @@ def _check_existing(folder: Path, cfg: Config) -> None:
         raise UserError(f"{path} is unreadable ({type(exc).__name__}); restore it, or delete "
                         f"{folder} to start the run again") from None
     new = to_dict(cfg)
+    nonce = old.get("run", {}).get("nonce")
+    if cfg.run.nonce is not None and cfg.run.nonce != nonce:
+        raise UserError(f"run folder {folder} holds another run (run.nonce {nonce!r} in {path}, "
+                        f"not {cfg.run.nonce!r}); leave run.nonce unset")
     for d in (old, new):  # bookkeeping keys may differ between submissions, and the folders
         path_names(d)     # that hold the same corpus and checkpoint (the id's comparison)
-        for section, key in RESUME_TOLERATED:
+        for section, key in RESUME_TOLERATED | {("run", "nonce")}:
             d.get(section, {}).pop(key, None)
     if old != new:
         keys = [f"{sec}.{k}" for sec in new for k in new[sec]
@@ -95,6 +102,7 @@ def _check_existing(folder: Path, cfg: Config) -> None:
         raise UserError(f"run folder {folder} holds a run with a different config "
                         f"({path} differs in {', '.join(keys[:3])}{damaged}); set run.run_id "
                         "or run.experiment to start a new run")
+    return True, nonce
 
 
 def dump_stacks_on_fatal_signal() -> bool:
@@ -143,9 +151,10 @@ def _run(cfg: Config, comm: Comm | None, folder: Path, stop: StopFlag) -> Path:
     log = Log(folder, False)
     progress = {"checkpoint_round": 0, "owned": False}
     try:
-        finished, lock, removed = _open_run(cfg, comm, folder)
+        finished, lock, removed, nonce = _open_run(cfg, comm, folder)
         if finished:
             return folder
+        cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, nonce=nonce))
         progress["owned"] = True
         log = Log(folder, main)
         if removed:
@@ -178,22 +187,29 @@ _DONE = "done"
 
 
 def _open_run(cfg: Config, comm: Comm, folder: Path
-              ) -> tuple[bool, RunLock | None, list[Path]]:
+              ) -> tuple[bool, RunLock | None, list[Path], str | None]:
     """Rank 0 takes the folder (lock, checks, config) and tells every rank what it found: the run
-    is finished (``finished`` everywhere), cannot start (every rank raises the same one-line
-    error), or goes ahead (rank 0 gets the lock and the temporary files it removed)."""
-    lock, outcome, error, removed = None, "run", None, []
+    is finished (``finished`` everywhere; only for the same config), cannot start (every rank
+    raises the same one-line error), or goes ahead (rank 0 gets the lock and the temporary files
+    it removed; every rank the run's nonce: drawn at the first start, then the folder's)."""
+    lock, outcome, error, removed, nonce = None, "run", None, [], None
     if comm.rank == 0:
         try:
             if is_done(folder):  # done runs are never rewritten, not even their lock file
+                _check_existing(folder, cfg)  # ... and answer only for their own config
                 outcome = _DONE
             else:
                 make_folder(folder)
                 lock = RunLock(folder).acquire()
                 if is_done(folder):  # finished while we waited for the lock
+                    _check_existing(folder, cfg)
                     outcome = _DONE
                 else:
-                    _check_existing(folder, cfg)
+                    existed, nonce = _check_existing(folder, cfg)
+                    check_checkpoint_path(folder)  # before any file is touched
+                    if not existed:  # the first start: this run's identity from now on
+                        nonce = cfg.run.nonce or secrets.token_hex(16)
+                    cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, nonce=nonce))
                     removed = clean_temp_files(folder)  # what a killed writer left half-written
                     write_config(folder, cfg)
                     record_attempt(folder, cfg)
@@ -210,7 +226,7 @@ def _open_run(cfg: Config, comm: Comm, folder: Path
             lock = None
     shared = outcome if error is None else f"error: {error}"
     if comm.world_size > 1:
-        shared = comm.broadcast_object(shared if comm.rank == 0 else None)
+        shared, nonce = comm.broadcast_object((shared, nonce) if comm.rank == 0 else None)
     if error is not None:
         raise error
     if shared.startswith("error: "):
@@ -218,8 +234,8 @@ def _open_run(cfg: Config, comm: Comm, folder: Path
     if shared == _DONE:
         if comm.rank == 0:
             print(f"cluster-fl: run already finished: {folder}", file=sys.stderr)
-        return True, None, []
-    return False, lock, removed
+        return True, None, [], None
+    return False, lock, removed, nonce
 
 
 def _working_config(cfg: Config, comm: Comm, folder: Path) -> Config:
@@ -310,14 +326,15 @@ def _resume(cfg: Config, comm: Comm, folder: Path, log: Log, progress: dict) -> 
 
     main = comm.rank == 0
     oplog = OperatorLog(folder, main)  # exact facts: outside the run folder, unprotected
-    ckpt = load_run_checkpoint(folder, rounds=cfg.fl.rounds)
+    ckpt = load_run_checkpoint(folder, rounds=cfg.fl.rounds, nonce=cfg.run.nonce,
+                               check_nonce=True)
     setup.set_threads(cfg, comm)
     t_start = time.perf_counter()
     world = setup.build_world(cfg, comm, log)
     skipped = SkippedRows(folder, world.evaluation.store.errors, _owners(world.engine.clients),
                           main, lambda msg: oplog("skipped", message=msg))
     run = _Attempt(world, world.initial_state, [], 1, oplog, skipped, t_start)
-    world.ledger.attach(folder, main)
+    world.ledger.attach(folder, main, nonce=cfg.run.nonce)
     world.ledger.resume(ckpt)
     if ckpt is not None:  # checkpoints hold host tensors; the state lives on the model's device
         run.state = {k: v.to(world.placement.device) for k, v in ckpt["state"].items()}
@@ -369,7 +386,7 @@ def _round(run: _Attempt, r: int, cfg: Config, comm: Comm, folder: Path, log: Lo
     if main:
         write_rows(folder / "rounds.parquet", run.rows)
         if r % cfg.run.checkpoint_every == 0 or r == rounds or stop_now:
-            save_run_checkpoint(folder, {"round": r,
+            save_run_checkpoint(folder, {"round": r, "run_nonce": cfg.run.nonce,
                                          "state": {k: v.cpu() for k, v in run.state.items()},
                                          **world.state_dicts(), "rows": run.rows})
             progress["checkpoint_round"] = r
