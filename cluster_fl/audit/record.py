@@ -38,7 +38,8 @@ PUBLIC = re.compile(r"^(round|rounds|denominator|epsilon|delta|diagnostics|diag_
                     r"freeze_encoder|guarantee)$")
 RECORD_FILES = ("rounds.parquet", "final.parquet", "eval.parquet", "log.txt", "status.json",
                 "privacy.json", "groups.json", "provenance.json", "skipped.json", "checkpoint")
-STATUS_KEYS = {"state", "round", "rounds", "updated", "host", "pid", "error"}
+# "reason": why a run ended before fl.rounds (privacy.max_epsilon), a function of the config
+STATUS_KEYS = {"state", "round", "rounds", "updated", "host", "pid", "error", "reason"}
 _CLOCK = re.compile(r"\b\d{1,2}:\d{2}:\d{2}\b")
 _DURATION = re.compile(r"(?<![\w.])\d+(\.\d+)?\s?s\b")
 _CLIENTS = re.compile(r"\bclients (\d+)(?![\d.\s]*±)")  # a count shown without its ±

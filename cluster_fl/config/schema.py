@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from cluster_fl.config.checks import ConfigError
 from cluster_fl.config.checks import check as _check
 from cluster_fl.config.checks import in_range as _range
 from cluster_fl.config.checks import one_of as _in
@@ -246,8 +247,11 @@ class PrivacyConfig:
     """Clipping policy: one of ``CLIPPING_METHODS``."""
     clip_norm: float = 1.0
     """Total L2 clipping budget C (joint sensitivity of one client's update)."""
-    noise_multiplier: float = 0.1
-    """Noise multiplier σ: the summed update gets N(0, σ²C²)."""
+    noise_multiplier: float | None = None
+    """Noise multiplier σ: the summed update gets N(0, σ²C²). Unset: derived by ``train`` (and
+    ``account``) from ``target_epsilon`` over ``fl.rounds`` when that is set, else 0.1. Set
+    together with ``target_epsilon``, a run refuses a σ whose ε over ``fl.rounds`` passes the
+    target. 0 releases the update without noise (guarantee ``void``, said at start)."""
     alpha: float = 0.05
     """Encoder pool share of C² for ``alpha-split``."""
     inside_pool: str = "size"
@@ -264,7 +268,13 @@ class PrivacyConfig:
     accountant: str = "rdp"
     """``rdp`` or ``pld`` (dp-accounting)."""
     target_epsilon: float | None = None
-    """If set, ``account`` also reports the σ that reaches this ε."""
+    """ε the run is to reach after ``fl.rounds`` rounds at ``delta``: with ``noise_multiplier``
+    unset, ``train`` and ``account`` derive the smallest σ that stays within it; with both set,
+    ``train`` refuses a σ that passes it and ``account`` reports the σ that reaches it."""
+    max_epsilon: float | None = None
+    """A budget ``train`` keeps: the run stops cleanly (status ``done``, the reason in
+    status.json, the final evaluation run) before the round whose charge would take ε past it;
+    a resume stops there too. Null = no budget."""
     secure_mode: bool = False
     """Noise and masks from the OS CSPRNG, floating-point-attack-resistant noise; no seed: a
     seed given in a preset or an override is refused (``run.seed`` resolves to null), and the
@@ -310,7 +320,11 @@ class PrivacyConfig:
                f"got {self.secure_mode!r}; must be true or false")
         _in(self.clipping, CLIPPING_METHODS, "privacy.clipping")
         _range(self.clip_norm, "privacy.clip_norm", 0.0, None, lo_open=True)
-        _range(self.noise_multiplier, "privacy.noise_multiplier", 0.0, None)
+        if self.noise_multiplier is None and (self.target_epsilon is None
+                                              or self.mechanism == "none"):
+            object.__setattr__(self, "noise_multiplier", 0.1)  # the default without a target
+        if self.noise_multiplier is not None:
+            _range(self.noise_multiplier, "privacy.noise_multiplier", 0.0, None)
         _range(self.alpha, "privacy.alpha", 0.0, 1.0, lo_open=True, hi_open=True)
         _in(self.inside_pool, INSIDE_POOL_RULES, "privacy.inside_pool")
         _in(self.grouping, GROUPINGS, "privacy.grouping")
@@ -318,6 +332,8 @@ class PrivacyConfig:
         _in(self.accountant, ("rdp", "pld"), "privacy.accountant")
         if self.target_epsilon is not None:
             _range(self.target_epsilon, "privacy.target_epsilon", 0.0, None, lo_open=True)
+        if self.max_epsilon is not None:
+            _range(self.max_epsilon, "privacy.max_epsilon", 0.0, None, lo_open=True)
         _range(self.ema_decay, "privacy.ema_decay", 0.0, 1.0, hi_open=True)
         _range(self.ema_gamma, "privacy.ema_gamma", 0.0, 10.0)
         _range(self.ema_warmup_rounds, "privacy.ema_warmup_rounds", 0, None, integer=True)
@@ -347,6 +363,15 @@ class PrivacyConfig:
                 total += p["share"]
             _check(abs(total - 1.0) < 1e-9, "privacy.pools",
                    f"shares must sum to 1 (got {total!r})")
+
+    @property
+    def sigma(self) -> float:
+        """σ, resolved: unset only while ``target_epsilon`` is to derive it (``train`` and
+        ``account`` do, with the run's N); asking before that is an error naming the key."""
+        if self.noise_multiplier is None:
+            raise ConfigError("privacy.noise_multiplier", "unset: it is derived from "
+                              "privacy.target_epsilon when a run starts; set it to use it here")
+        return self.noise_multiplier
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -103,6 +103,18 @@ class RunLedger:
         self.started = max(self.started, round_)
         self.write()
 
+    def epsilon_if_charged(self, round_: int) -> float:
+        """ε once round ``round_`` is charged (as :meth:`charge` would), the ledger unchanged:
+        what ``privacy.max_epsilon`` is checked against before the round starts."""
+        if not (self.secure or round_ > self.started):
+            return self.ledger.epsilon()
+        saved = self.ledger.state_dict()
+        try:
+            self.ledger.step(self.policy)
+            return self.ledger.epsilon()
+        finally:
+            self.ledger.load_state_dict(saved)
+
     def write(self) -> None:
         """The record, written atomically and durably (rank 0 only)."""
         if self.main and self.path is not None:

@@ -221,7 +221,7 @@ class RoundEngine:
         if stat_size:
             self.clip_policy.update(noised["stat"], denom)
         if self.recorder is not None:
-            std = self.cfg.privacy.noise_multiplier * self.cfg.privacy.clip_norm if self.private else 0.0
+            std = self.cfg.privacy.sigma * self.cfg.privacy.clip_norm if self.private else 0.0
             self.recorder.release(round_, mean, denom, std)
         row = self.diag.row(noised.get("diag"), thresholds, denom)
         row.update(round=round_, denominator=denom)
@@ -267,7 +267,7 @@ class RoundEngine:
         stds = {name: 0.0 for name in fields}
         if self.private:
             for g in self.groups:
-                stds[g.name] = p.noise_multiplier * p.clip_norm
+                stds[g.name] = p.sigma * p.clip_norm
             if "stat" in fields:
                 stds["stat"] = self.clip_policy.statistic_noise_std
         if "diag" in fields:

@@ -95,6 +95,8 @@ def _check_existing(folder: Path, cfg: Config) -> tuple[bool, str | None]:
         path_names(d)     # that hold the same corpus and checkpoint (the id's comparison)
         for section, key in RESUME_TOLERATED | {("run", "nonce")}:
             d.get(section, {}).pop(key, None)
+        if cfg.privacy.noise_multiplier is None:  # σ derived from the target at the first start
+            d.get("privacy", {}).pop("noise_multiplier", None)
     if old != new:
         keys = [f"{sec}.{k}" for sec in new for k in new[sec]
                 if old.get(sec, {}).get(k) != new[sec][k]]
@@ -151,10 +153,12 @@ def _run(cfg: Config, comm: Comm | None, folder: Path, stop: StopFlag) -> Path:
     log = Log(folder, False)
     progress = {"checkpoint_round": 0, "owned": False}
     try:
-        finished, lock, removed, nonce = _open_run(cfg, comm, folder)
+        finished, lock, removed, nonce, sigma = _open_run(cfg, comm, folder)
         if finished:
             return folder
-        cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, nonce=nonce))
+        cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, nonce=nonce),
+                                  privacy=dataclasses.replace(cfg.privacy,
+                                                              noise_multiplier=sigma))
         progress["owned"] = True
         log = Log(folder, main)
         if removed:
@@ -187,12 +191,13 @@ _DONE = "done"
 
 
 def _open_run(cfg: Config, comm: Comm, folder: Path
-              ) -> tuple[bool, RunLock | None, list[Path], str | None]:
+              ) -> tuple[bool, RunLock | None, list[Path], str | None, float | None]:
     """Rank 0 takes the folder (lock, checks, config) and tells every rank what it found: the run
     is finished (``finished`` everywhere; only for the same config), cannot start (every rank
     raises the same one-line error), or goes ahead (rank 0 gets the lock and the temporary files
     it removed; every rank the run's nonce: drawn at the first start, then the folder's)."""
     lock, outcome, error, removed, nonce = None, "run", None, [], None
+    sigma = cfg.privacy.noise_multiplier
     if comm.rank == 0:
         try:
             if is_done(folder):  # done runs are never rewritten, not even their lock file
@@ -209,6 +214,8 @@ def _open_run(cfg: Config, comm: Comm, folder: Path
                     check_checkpoint_path(folder)  # before any file is touched
                     if not existed:  # the first start: this run's identity from now on
                         nonce = cfg.run.nonce or secrets.token_hex(16)
+                    cfg = _resolve_sigma(cfg)
+                    sigma = cfg.privacy.noise_multiplier
                     cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, nonce=nonce))
                     removed = clean_temp_files(folder)  # what a killed writer left half-written
                     write_config(folder, cfg)
@@ -226,7 +233,8 @@ def _open_run(cfg: Config, comm: Comm, folder: Path
             lock = None
     shared = outcome if error is None else f"error: {error}"
     if comm.world_size > 1:
-        shared, nonce = comm.broadcast_object((shared, nonce) if comm.rank == 0 else None)
+        shared, nonce, sigma = comm.broadcast_object((shared, nonce, sigma) if comm.rank == 0
+                                                     else None)
     if error is not None:
         raise error
     if shared.startswith("error: "):
@@ -234,8 +242,26 @@ def _open_run(cfg: Config, comm: Comm, folder: Path
     if shared == _DONE:
         if comm.rank == 0:
             print(f"cluster-fl: run already finished: {folder}", file=sys.stderr)
-        return True, None, [], None
-    return False, lock, removed, nonce
+        return True, None, [], None, sigma
+    return False, lock, removed, nonce, sigma
+
+
+def _resolve_sigma(cfg: Config) -> Config:
+    """σ from ``privacy.target_epsilon`` when σ is unset; a σ that passes the target refused
+    (:func:`~cluster_fl.privacy.accounting.resolve_noise_multiplier`), N counted as the run
+    partitions the corpus."""
+    p = cfg.privacy
+    if p.mechanism != "gaussian" or p.target_epsilon is None:
+        return cfg
+    from cluster_fl.data import count_clients
+    from cluster_fl.privacy.accounting import resolve_noise_multiplier
+
+    try:
+        population = int(count_clients(cfg.data))
+    except OSError as exc:
+        raise UserError(f"data.corpus: cannot count the clients of {cfg.data.corpus} to derive "
+                        f"sigma from privacy.target_epsilon ({type(exc).__name__})") from None
+    return resolve_noise_multiplier(cfg, population)
 
 
 def _working_config(cfg: Config, comm: Comm, folder: Path) -> Config:
@@ -311,10 +337,55 @@ def _train(cfg: Config, comm: Comm, folder: Path, log: Log, stop: StopFlag,
            progress: dict, record: Config) -> Path:
     run = _resume(cfg, comm, folder, log, progress)
     stop.set_immediate(False)  # from here a signal stops at the end of the round
+    budget = None
     for r in range(run.start_round, cfg.fl.rounds + 1):
+        budget = _over_budget(run, r, cfg)
+        if budget is not None:
+            log(budget)
+            break
         _round(run, r, cfg, comm, folder, log, stop, progress)
-    _finish(run, cfg, comm, folder, log, stop, record)
+    _finish(run, cfg, comm, folder, log, stop, record, budget)
     return folder
+
+
+def _over_budget(run: _Attempt, r: int, cfg: Config) -> str | None:
+    """Why the run stops before round ``r`` (``privacy.max_epsilon``), or None. ε depends on the
+    config and the rounds charged only -- never on clients' data -- so every rank decides alike
+    and the decision itself releases nothing."""
+    limit = cfg.privacy.max_epsilon
+    if limit is None:
+        return None
+    eps = run.world.ledger.epsilon_if_charged(r)
+    if eps <= limit:
+        return None
+    return (f"stopped before round {r}: its charge would take epsilon to {eps:.4g}, past "
+            f"privacy.max_epsilon {limit:g}")
+
+
+def _start_notes(cfg: Config, world: Any) -> list[str]:
+    """What a user must hear before a run starts: σ = 0, a void guarantee (and why), a model
+    from random init, σ derived from the target, a budget the run keeps."""
+    p = cfg.privacy
+    notes = []
+    if p.mechanism == "gaussian":
+        if p.target_epsilon is not None:
+            notes.append(f"privacy: sigma {p.noise_multiplier:.6g} for target epsilon "
+                         f"{p.target_epsilon:g} over {cfg.fl.rounds} rounds at delta {p.delta:g}")
+        if p.noise_multiplier == 0:
+            notes.append("warning: privacy.noise_multiplier is 0: the update is released "
+                         "without noise")
+        notes += [f"warning: guarantee void: {reason}" for reason in
+                  world.ledger.ledger.void_reasons]
+        if p.max_epsilon is not None:
+            notes.append(f"privacy: the run stops before a round that would take epsilon past "
+                         f"privacy.max_epsilon {p.max_epsilon:g}")
+    if cfg.model.checkpoint is None:
+        from cluster_fl.models import get_arch
+
+        if get_arch(cfg.model.arch).tiny:
+            notes.append(f"warning: model.checkpoint is not set: {cfg.model.arch} starts from "
+                         "random init")
+    return notes
 
 
 def _resume(cfg: Config, comm: Comm, folder: Path, log: Log, progress: dict) -> _Attempt:
@@ -335,6 +406,8 @@ def _resume(cfg: Config, comm: Comm, folder: Path, log: Log, progress: dict) -> 
                           main, lambda msg: oplog("skipped", message=msg))
     run = _Attempt(world, world.initial_state, [], 1, oplog, skipped, t_start)
     world.ledger.attach(folder, main, nonce=cfg.run.nonce)
+    for note in _start_notes(cfg, world):
+        log(note)
     world.ledger.resume(ckpt)
     if ckpt is not None:  # checkpoints hold host tensors; the state lives on the model's device
         run.state = {k: v.to(world.placement.device) for k, v in ckpt["state"].items()}
@@ -400,12 +473,14 @@ def _round(run: _Attempt, r: int, cfg: Config, comm: Comm, folder: Path, log: Lo
 
 
 def _finish(run: _Attempt, cfg: Config, comm: Comm, folder: Path, log: Log, stop: StopFlag,
-            record: Config) -> None:
-    """The final evaluation and the run's last writes (rank 0), then every rank waits."""
+            record: Config, budget: str | None = None) -> None:
+    """The final evaluation and the run's last writes (rank 0), then every rank waits.
+    ``budget``: why the run stopped before its last round (``privacy.max_epsilon``)."""
     from cluster_fl.engine.metrics import write_rows
 
     world, main, rounds = run.world, comm.rank == 0, cfg.fl.rounds
-    _check_contributions(run.rows, run.quiet, rounds - run.start_round + 1, run.oplog,
+    last = run.rows[-1]["round"] if budget is not None and run.rows else rounds
+    _check_contributions(run.rows, run.quiet, max(last - run.start_round + 1, 0), run.oplog,
                          world.engine.layout.lanes)
     stop.set_immediate(True)  # the final evaluation: a signal stops it at once
     summary, eval_rows = world.evaluate(run.state)  # sharded over lanes; rank 0 gets the rows
@@ -418,8 +493,11 @@ def _finish(run: _Attempt, cfg: Config, comm: Comm, folder: Path, log: Log, stop
         run.oplog("done", wall_s=final.pop("wall_s", None), skipped_utterances=run.skipped.total)
         if record.privacy.secure_mode:  # the drawn seed is no part of the record
             final.update(seed=None, config_json=json.dumps(to_dict(record), sort_keys=True))
+        if budget is not None:
+            final["rounds"] = last  # the rounds charged, not fl.rounds
         write_rows(folder / "final.parquet", [final])
-        write_status(folder, "done", rounds, rounds)
+        write_status(folder, "done", last, rounds,
+                     **({"reason": budget} if budget is not None else {}))
         log(f"done: WER {final.get('wer', float('nan')):.4f}, epsilon {final['epsilon']:.3g} "
             f"[{world.ledger.to_json()['guarantee']}] -> {folder}")
     comm.barrier(slow=True)  # waits for rank 0's scoring and writes

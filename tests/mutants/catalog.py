@@ -28,8 +28,8 @@ Q = "tests/report/"
 
 MUTANTS: list[Mutant] = [
     Mutant("noise-sigma-not-sigma-C", "cluster_fl/engine/round.py",
-           (("stds[g.name] = p.noise_multiplier * p.clip_norm",
-             "stds[g.name] = p.noise_multiplier"),),
+           (("stds[g.name] = p.sigma * p.clip_norm",
+             "stds[g.name] = p.sigma"),),
            (E + "test_round_engine.py::test_released_noise_scales_with_the_clip_norm_at_c_one_half",),
            "update noise std σ instead of σ·C: under-noised whenever C > 1"),
     Mutant("noise-on-every-rank", "cluster_fl/engine/round.py",
