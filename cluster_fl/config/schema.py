@@ -452,6 +452,22 @@ class AuditConfig:
         _range(self.canaries, "audit.canaries", 0, None, integer=True)
 
 
+PATH_MAX, NAME_MAX = 4096, 255  # Linux's limits on a path and on one of its names (bytes)
+
+
+def _path(value: Any, key: str) -> None:
+    """A path (or folder name) the file system can hold: one line naming the key instead of an
+    OSError traceback ("File name too long") when the run creates its folder."""
+    if value is None:
+        return
+    _check(isinstance(value, str) and value != "", key, f"got {value!r}; must be a path")
+    size = len(value.encode())
+    _check(size <= PATH_MAX, key, f"a path of {size:,} bytes; at most {PATH_MAX}")
+    longest = max((len(part.encode()) for part in value.split("/")), default=0)
+    _check(longest <= NAME_MAX, key, f"a file or folder name of {longest:,} bytes; at most "
+           f"{NAME_MAX}")
+
+
 @dataclass(frozen=True, kw_only=True)
 class RunConfig:
     """Bookkeeping: seed, output folder, checkpoints, threads."""
@@ -486,6 +502,9 @@ class RunConfig:
     def __post_init__(self) -> None:
         if self.seed is not None:
             _range(self.seed, "run.seed", 0, 2**63 - 1, integer=True)
+        _path(self.out, "run.out")
+        _path(self.experiment, "run.experiment")
+        _path(self.run_id, "run.run_id")
         _check(self.nonce is None or (isinstance(self.nonce, str) and len(self.nonce) == 32
                                       and all(c in "0123456789abcdef" for c in self.nonce)),
                "run.nonce", f"got {self.nonce!r}; 32 hex digits, set by the engine (leave null)")
