@@ -32,6 +32,7 @@ import json
 import secrets
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -56,18 +57,21 @@ _ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG, err
 
 
 class Log:
-    """Rank-0 progress: one line per event to stderr (with the time of day) and to the run's
-    log.txt (without: times are a side channel of the clients' work, kept for the operator)."""
+    """Rank-0 progress: one line per event to stderr and to the run's log.txt. Only a
+    non-private run stamps its stderr lines with the time of day: times are a side channel of
+    the clients' work, and a scheduler keeps stderr in its job logs (the operator log has them)."""
 
-    def __init__(self, folder: Path | None, enabled: bool):
+    def __init__(self, folder: Path | None, enabled: bool, stamp: bool = True):
         self.path = folder / "log.txt" if folder is not None else None
         self.enabled = enabled
+        self.stamp = stamp
 
     def __call__(self, msg: str, echo: bool = True) -> None:
         if not self.enabled:
             return
         if echo:
-            print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+            when = f"[{time.strftime('%H:%M:%S')}] " if self.stamp else ""
+            print(f"{when}{msg}", file=sys.stderr, flush=True)
         if self.path is not None:
             append_text(self.path, msg + "\n")
 
@@ -135,11 +139,18 @@ def run_training(cfg: Config, comm: Comm | None = None) -> Path:
     dump_stacks_on_fatal_signal()
     # From the first moment: a signal during setup or evaluation stops at once (Stopped), one
     # during a round stops at the round's end (the loop makes the flag deferred).
-    with StopFlag(immediate=True) as stop:
+    with StopFlag(immediate=True) as stop, warnings.catch_warnings():
+        if _private(cfg):  # unusable rows by utterance id: the operator log's (skipped.json)
+            warnings.filterwarnings("ignore", message="skipping utterance")
         try:
             return _run(cfg, comm, folder, stop)
         except Stopped:
             raise Preempted(folder) from None
+
+
+def _private(cfg: Config) -> bool:
+    """A DP run: its stderr, log.txt and status.json carry no exact facts of the clients."""
+    return cfg.privacy.mechanism != "none"
 
 
 def _run(cfg: Config, comm: Comm | None, folder: Path, stop: StopFlag) -> Path:
@@ -160,7 +171,7 @@ def _run(cfg: Config, comm: Comm | None, folder: Path, stop: StopFlag) -> Path:
                                   privacy=dataclasses.replace(cfg.privacy,
                                                               noise_multiplier=sigma))
         progress["owned"] = True
-        log = Log(folder, main)
+        log = Log(folder, main, stamp=not _private(cfg))
         if removed:
             log(f"removed {len(removed)} temporary file(s) an interrupted writer left: "
                 + ", ".join(p.name for p in removed))
@@ -309,6 +320,10 @@ def _record_end(folder: Path, cfg: Config, exc: BaseException, stopped: bool,
             reason = str(exc)
         elif isinstance(exc, KeyboardInterrupt):
             reason = "interrupted"
+        elif _private(cfg):  # a message may carry data-dependent values: the operator's only
+            reason = f"{type(exc).__name__} (the message is in the operator log)"
+            OperatorLog(folder, True, private=True)("failed",
+                                                    error=f"{type(exc).__name__}: {exc}")
         else:
             reason = f"{type(exc).__name__}: {exc}"
         write_status(folder, "failed", status.get("round", checkpoint_round), cfg.fl.rounds,
@@ -396,7 +411,7 @@ def _resume(cfg: Config, comm: Comm, folder: Path, log: Log, progress: dict) -> 
     from cluster_fl.engine.metrics import SkippedRows
 
     main = comm.rank == 0
-    oplog = OperatorLog(folder, main)  # exact facts: outside the run folder, unprotected
+    oplog = OperatorLog(folder, main, private=_private(cfg))  # exact facts, outside the folder
     ckpt = load_run_checkpoint(folder, rounds=cfg.fl.rounds, nonce=cfg.run.nonce,
                                check_nonce=True)
     setup.set_threads(cfg, comm)
