@@ -391,6 +391,11 @@ def ledger_for(cfg: Any, population: int) -> PrivacyLedger:
     ledger = PrivacyLedger(cfg.privacy, sampling_rate=m / population, sampling=cfg.fl.sampling,
                            population=population, cohort_size=m,
                            diagnostics_noise_multiplier=release_multiplier(cfg.privacy))
+    if cfg.privacy.mechanism == "gaussian" and cfg.privacy.delta >= 1.0 / population:
+        # δ ≥ 1/N admits a mechanism that releases one client's data whole with probability δ
+        ledger.add_void_reason(f"privacy.delta {cfg.privacy.delta:g} is not below 1/N = "
+                               f"1/{population}: an (epsilon, delta) guarantee with delta >= 1/N "
+                               "allows releasing a client's data outright")
     if cfg.privacy.mechanism == "gaussian" and cfg.data.eval_split == cfg.data.client_split:
         ledger.add_void_reason(EVAL_ON_CLIENTS)
     if cfg.privacy.mechanism == "gaussian" and cfg.privacy.diagnostics == "exact":

@@ -48,3 +48,15 @@ def test_evaluation_speakers_that_are_clients_are_refused_in_secure_mode_and_voi
     disjoint = ledger_for(secure, population=100)
     check_eval_speakers(secure, _clients("a", "b"), _utts("y", "z"), disjoint)
     assert disjoint.guarantee == "valid"
+
+
+def test_a_delta_not_below_one_over_n_voids_the_guarantee():
+    """δ = 0.5 recorded 'valid': a guarantee with δ ≥ 1/N allows publishing one client's data
+    whole with probability δ."""
+    secure = load_config(None, ["privacy.secure_mode=true", "privacy.delta=0.5"])
+    ledger = ledger_for(secure, population=100)
+    assert ledger.guarantee == "void" and any("1/N" in r for r in ledger.void_reasons)
+    assert ledger_for(load_config(None, ["privacy.secure_mode=true", "privacy.delta=0.01"]),
+                      population=100).guarantee == "void"  # 0.01 = 1/100: not below
+    assert ledger_for(load_config(None, ["privacy.secure_mode=true", "privacy.delta=0.009"]),
+                      population=100).guarantee == "valid"
