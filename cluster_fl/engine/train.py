@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 from cluster_fl.config import Config, build_config, to_dict, yaml_load
 from cluster_fl.engine.checkpoint import (StopFlag, Stopped, check_checkpoint_path,
                                           load_run_checkpoint, save_run_checkpoint)
+from cluster_fl.engine.dataset_ledger import DatasetLedger
 from cluster_fl.engine.operator_log import OperatorLog
 from cluster_fl.engine.provenance import record_attempt
 from cluster_fl.engine.rundir import (RESUME_TOLERATED, RunLock, append_text, clean_temp_files,
@@ -420,7 +421,8 @@ def _resume(cfg: Config, comm: Comm, folder: Path, log: Log, progress: dict) -> 
     skipped = SkippedRows(folder, world.evaluation.store.errors, _owners(world.engine.clients),
                           main, lambda msg: oplog("skipped", message=msg))
     run = _Attempt(world, world.initial_state, [], 1, oplog, skipped, t_start)
-    world.ledger.attach(folder, main, nonce=cfg.run.nonce)
+    world.ledger.attach(folder, main, nonce=cfg.run.nonce,
+                        dataset=DatasetLedger(cfg, folder) if _private(cfg) else None)
     for note in _start_notes(cfg, world):
         log(note)
     world.ledger.resume(ckpt)

@@ -65,3 +65,34 @@ def test_sigma_zero_a_void_guarantee_and_random_init_are_said_at_start():
     assert "guarantee void" in notes("privacy.diagnostics=exact")
     assert "random init" in notes()
     assert "void" not in notes() and "random init" not in notes("model.checkpoint=/tmp/m")
+
+
+def test_a_reset_adds_to_the_datasets_ledger_instead_of_forgetting(tiny_corpus, tmp_path):
+    """Deleting privacy.json and the checkpoint (what a resume's error advises) restarts a run
+    from round 1; the rounds released before the reset stay in the dataset's ledger."""
+    from cluster_fl.engine.dataset_ledger import DIR, cumulative_epsilon
+
+    folder = train_in_process(tiny_corpus, tmp_path)
+    books = list((tmp_path / DIR).glob("*.json"))
+    assert len(books) == 1
+    first = json.loads(books[0].read_text())
+    assert len(first["epochs"]) == 1
+    run_eps = json.loads((folder / "privacy.json").read_text())["epsilon"]
+    assert first["epsilon"] == run_eps  # one epoch: the run's own ε
+    # the reset
+    st = status(folder)
+    st.update(state="running", round=3)
+    (folder / "status.json").write_text(json.dumps(st))
+    for name in ("privacy.json", "final.parquet"):
+        (folder / name).unlink()
+    import shutil
+
+    shutil.rmtree(folder / "checkpoint")
+    train_in_process(tiny_corpus, tmp_path)
+    book = json.loads(books[0].read_text())
+    assert len(book["epochs"]) == 2
+    rounds = [sum(e["count"] for e in ep["state"]["events"]) for ep in book["epochs"].values()]
+    assert rounds == [3, 3]
+    assert book["epsilon"] > run_eps and book["epsilon"] == cumulative_epsilon(book, 1e-5)
+    record = json.loads((folder / "privacy.json").read_text())
+    assert record["epsilon"] == run_eps and record["dataset_epsilon"] == book["epsilon"]
