@@ -88,8 +88,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _main(argv)
     finally:
-        if argv is not None:  # called in a process that goes on (a test): leave it as it was
-            for s, handler in previous.items():
+        # called in a process that goes on (a test): leave it as it was -- unless the command
+        # has since ignored the signal (a stopped run: a second SIGTERM must not end it)
+        for s, handler in previous.items():
+            if argv is not None and signal.getsignal(s) is stop_before_start:
                 signal.signal(s, handler)
 
 
