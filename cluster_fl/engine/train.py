@@ -45,8 +45,9 @@ from cluster_fl.engine.dataset_ledger import DatasetLedger
 from cluster_fl.engine.operator_log import OperatorLog
 from cluster_fl.engine.provenance import record_attempt
 from cluster_fl.engine.rundir import (RESUME_TOLERATED, RunLock, append_text, clean_temp_files,
-                                      git_commit, is_done, make_folder, path_names, read_status,
-                                      run_dir, write_config, write_json, write_status)
+                                      flatten_times, git_commit, is_done, make_folder,
+                                      path_names, read_status, run_dir, write_config, write_json,
+                                      write_status)
 from cluster_fl.errors import UserError
 
 if TYPE_CHECKING:  # imported lazily at run time: the process boundary starts with the run
@@ -481,11 +482,14 @@ def _round(run: _Attempt, r: int, cfg: Config, comm: Comm, folder: Path, log: Lo
                                          **world.state_dicts(), "rows": run.rows})
             progress["checkpoint_round"] = r
         write_status(folder, "running", r, rounds)
+        flatten_times(folder)  # no file dates the round (log.txt's line above included)
     comm.barrier(slow=True)  # waits for rank 0's checkpoint write
     if stop_now and r < rounds:
         if main:
             write_status(folder, "preempted", r, rounds)
         log(f"stopped by signal after round {r}; checkpoint saved, resubmit to resume")
+        if main:
+            flatten_times(folder)
         raise Preempted(folder)
 
 
@@ -517,6 +521,7 @@ def _finish(run: _Attempt, cfg: Config, comm: Comm, folder: Path, log: Log, stop
                      **({"reason": budget} if budget is not None else {}))
         log(f"done: WER {final.get('wer', float('nan')):.4f}, epsilon {final['epsilon']:.3g} "
             f"[{world.ledger.to_json()['guarantee']}] -> {folder}")
+        flatten_times(folder)
     comm.barrier(slow=True)  # waits for rank 0's scoring and writes
 
 

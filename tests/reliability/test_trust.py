@@ -135,3 +135,23 @@ def test_a_finished_run_answers_only_for_its_own_config(tiny_corpus, tmp_path, r
     line = one_line_error(capsys.readouterr().err)
     assert "different config" in line and "privacy.clipping" in line, line
     assert status(folder)["state"] == "done"
+
+
+def test_the_run_folder_keeps_no_wall_clock_time(reference, tmp_path):
+    """run.lock kept the attempt's start, status.json its last write, and the files' times told
+    the same; the audit's record scan did not read run.lock."""
+    from cluster_fl.audit.record import scan_record
+    from cluster_fl.engine.rundir import read_status
+
+    folder = reference["folder"]
+    assert "updated" not in json.loads((folder / "status.json").read_text())
+    assert "since" not in json.loads((folder / "run.lock").read_text() or "{}")
+    dated = [str(p.relative_to(folder)) for p in [folder, *folder.rglob("*")]
+             if p.stat().st_mtime != 0]
+    assert dated == []
+    assert read_status(folder).get("updated")  # the grid's staleness check still has it
+    assert scan_record(folder)["timing"] == []
+    old = tmp_path / "older-run"
+    shutil.copytree(folder, old)
+    (old / "run.lock").write_text(json.dumps({"host": "h", "pid": 1, "since": "2026-01-01"}))
+    assert "run.lock: key 'since'" in scan_record(old)["timing"]
