@@ -173,7 +173,7 @@ class SecureSummer:
                  max_clients: int, bounds: float | Mapping[str, float], mode: str = "research",
                  seed: int = 0, integer_fields: Iterable[str] = (),
                  offset_bounds: Mapping[str, float] | None = None,
-                 device: torch.device | str = "cpu"):
+                 device: torch.device | str = "cpu", release_counts: bool = True):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         ints = set(integer_fields)
@@ -181,6 +181,12 @@ class SecureSummer:
         if unknown:
             raise ValueError(f"integer_fields not in shapes: {sorted(unknown)}")
         self.mode, self.seed, self.frac_bits, self.max_clients = mode, seed, frac_bits, max_clients
+        # the per-field contribution counts (the overflow guard) summed with the values: exact,
+        # un-noised counts of the clients that contributed, which every rank would learn. A DP
+        # run does not send them: each client contributes at most once per field, so check_range
+        # with max_clients (every client of the run) already rules out an overflow, and this
+        # rank's own counts are checked before they are zeroed
+        self.release_counts = release_counts
         self.fields: dict[str, Field] = {}
         offset = 0
         for name, shape in shapes.items():
@@ -384,6 +390,13 @@ class SecureSummer:
         full = self._acc.to("cpu", copy=True)
         self._raise_faults(full[self._reduced:])
         masked = full[:self._reduced]
+        if not self.release_counts:
+            counts = masked[self.numel:]
+            if counts.numel() and int(counts.max()) > self.max_clients:
+                raise SecureSumRangeError(
+                    f"more than max_clients={self.max_clients} contributions to one field on "
+                    "this rank: the int64 sum may overflow")
+            counts.zero_()
         if self._offset is not None:  # int64 adds wrap like the masks; the range check bounds it
             masked += self._offset
         if self.mode != "plain" and world_size > 1:

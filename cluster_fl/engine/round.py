@@ -149,7 +149,8 @@ class RoundEngine:
         return SecureSummer(shapes, frac_bits=cfg.aggregation.fixed_point_bits,
                             max_clients=max(1, len(self.clients)), bounds=bounds, mode=mode,
                             seed=cfg.seed, device=self.device,
-                            offset_bounds={n: TAIL_STDS * sd for n, sd in stds.items() if sd > 0})
+                            offset_bounds={n: TAIL_STDS * sd for n, sd in stds.items() if sd > 0},
+                            release_counts=not self.private)  # DP: no exact counts on the wire
 
     def _stat_bound(self) -> float:
         """Largest |entry| of one client's adaptive statistic in the fixed-point sum. The
