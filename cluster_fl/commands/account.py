@@ -74,7 +74,9 @@ def account_report(cfg: Config) -> dict[str, Any]:
                                                else None),
                 "diagnostics_noise_multiplier": ledger.diagnostics_noise_multiplier,
                 "target_epsilon": p.target_epsilon, "noise_multiplier_for_target": None,
-                "noise_multiplier_derived": derived})
+                "noise_multiplier_derived": derived,
+                "neighbouring_relation": record["neighbouring_relation"],
+                "noise_tail": record["noise_tail"]})
     side = side_noise_multiplier(cfg)  # every release besides the update, folded
     if p.target_epsilon is not None and record["guarantee"] != "none":
         if is_adaptive(p) and not p.adaptive_private:
@@ -107,6 +109,7 @@ def format_account(r: dict[str, Any]) -> str:
                 else ""),
              f"delta          {r['delta']:g}",
              f"epsilon        {_num(r['epsilon'])}   [guarantee: {r['guarantee']}]",
+             f"neighbouring   {r['neighbouring_relation']}",
              f"guarantee      {r['guarantee']}: {r['guarantee_note']}"]
     if r["statistic_noise_multiplier"] is not None:
         eff = r["events"][0]["effective_noise_multiplier"] if r["events"] else None

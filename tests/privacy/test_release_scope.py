@@ -60,3 +60,23 @@ def test_a_delta_not_below_one_over_n_voids_the_guarantee():
                       population=100).guarantee == "void"  # 0.01 = 1/100: not below
     assert ledger_for(load_config(None, ["privacy.secure_mode=true", "privacy.delta=0.009"]),
                       population=100).guarantee == "valid"
+
+
+def test_epsilon_is_reported_with_its_neighbouring_relation_and_the_noise_tail(capsys):
+    """Fixed-size (replace-one) and Poisson (add/remove) ε sat side by side labelled alike, N
+    released exactly, the secure sampler's truncation nowhere (issue 49, items 11 and 12)."""
+    from pathlib import Path
+
+    from cluster_fl import cli
+
+    poisson = ledger_for(load_config(None, []), population=100).to_json()
+    fixed = ledger_for(load_config(None, ["fl.sampling=fixed"]), population=100).to_json()
+    assert "add/remove" in poisson["neighbouring_relation"]
+    assert "public" in poisson["neighbouring_relation"]
+    assert "replace one" in fixed["neighbouring_relation"]
+    assert poisson["noise_tail"] is None  # research mode: numpy's sampler, no claim
+    secure = ledger_for(load_config(None, ["privacy.secure_mode=true"]), population=100)
+    assert "8.57" in secure.to_json()["noise_tail"]
+    layout = str(Path(__file__).resolve().parent / "data" / "layout.yaml")
+    assert cli.main(["account", layout, "fl.sampling=fixed"]) == 0
+    assert "neighbouring   replace one client" in capsys.readouterr().out
