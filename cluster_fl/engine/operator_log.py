@@ -60,6 +60,48 @@ def private_append(path: Path, text: str) -> None:
         os.close(fd)
 
 
+def job_secret_path(folder: Path) -> Path:
+    """``<experiment>/.operator/<run_id>.secret``: the secret of the job now running ``folder``."""
+    return operator_path(folder, ".secret")
+
+
+def new_job_secret(folder: Path) -> bytes:
+    """Rank 0, holding the run's lock, at every start: 32 fresh bytes from the OS in a 0600
+    file of the 0700 operator folder -- readable by this job's processes (the run folder's file
+    system is shared by every rank, ``engine/startup.py`` checks it), not by other users. They
+    authenticate the ranks' key exchange (``secure_sum.agree_pair_keys``)."""
+    import secrets
+
+    secret = secrets.token_bytes(32)
+    path = job_secret_path(folder)
+    private_folder(path.parent)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, secret)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    return secret
+
+
+def read_job_secret(folder: Path) -> bytes:
+    """The secret :func:`new_job_secret` wrote for the job now running ``folder``; a one-line
+    :class:`~cluster_fl.errors.UserError` when this rank cannot read it."""
+    from cluster_fl.errors import UserError
+
+    path = job_secret_path(folder)
+    try:
+        secret = path.read_bytes()
+    except OSError as exc:
+        raise UserError(f"cannot read the job secret {path} ({exc.strerror or exc}): every rank "
+                        "must see the run folder's file system") from None
+    if len(secret) != 32:
+        raise UserError(f"the job secret {path} is damaged ({len(secret)} bytes, not 32)")
+    return secret
+
+
 def read_operator_log(folder: Path) -> list[dict[str, Any]]:
     """The events of a run's operator log, oldest first (empty when there is none)."""
     path = operator_path(folder)

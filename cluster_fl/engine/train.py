@@ -42,7 +42,7 @@ from cluster_fl.config import Config, build_config, to_dict, yaml_load
 from cluster_fl.engine.checkpoint import (StopFlag, Stopped, check_checkpoint_path,
                                           load_run_checkpoint, save_run_checkpoint)
 from cluster_fl.engine.dataset_ledger import DatasetLedger
-from cluster_fl.engine.operator_log import OperatorLog
+from cluster_fl.engine.operator_log import OperatorLog, new_job_secret, read_job_secret
 from cluster_fl.engine.provenance import record_attempt
 from cluster_fl.engine.rundir import (RESUME_TOLERATED, RunLock, append_text, clean_temp_files,
                                       flatten_times, git_commit, is_done, make_folder,
@@ -233,6 +233,8 @@ def _open_run(cfg: Config, comm: Comm, folder: Path
                     removed = clean_temp_files(folder)  # what a killed writer left half-written
                     write_config(folder, cfg)
                     record_attempt(folder, cfg)
+                    if cfg.privacy.secure_mode and comm.world_size > 1:
+                        new_job_secret(folder)  # authenticates the ranks' key exchange
         except UserError as exc:
             outcome, error = "error", exc
             if lock is not None:  # ours to record: the folder must not stay "running"
@@ -279,13 +281,19 @@ def _resolve_sigma(cfg: Config) -> Config:
 
 def _working_config(cfg: Config, comm: Comm, folder: Path) -> Config:
     """The config the engine runs. Secure mode has no seed: rank 0 draws one from the OS at
-    every start (every rank gets it) for cohort sampling and client randomness; it is never
-    written anywhere, and the run keeps its folder (``run_id`` pinned to it)."""
+    every start (every rank gets it, encrypted under its key with rank 0, which the job secret
+    authenticates: never on the wire in plain) for client randomness; it is never written
+    anywhere, and the run keeps its folder (``run_id`` pinned to it)."""
     if not cfg.privacy.secure_mode:
         return cfg
     seed = secrets.randbits(63) if comm.rank == 0 else None
     if comm.world_size > 1:
-        seed = comm.broadcast_object(seed)
+        from cluster_fl.secure_sum import agree_pair_keys, share_from_rank0
+
+        keys = agree_pair_keys(comm, read_job_secret(folder))
+        box = share_from_rank0(comm, keys, None if seed is None else seed.to_bytes(8, "little"),
+                               "run seed")
+        seed = int.from_bytes(box, "little")
     return dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, seed=seed,
                                                             run_id=folder.name))
 
