@@ -229,6 +229,24 @@ def load_clients(cfg: Config, log: Callable[[str], None] | None = None
     return store, out, eval_utts
 
 
+def check_eval_speakers(cfg: Config, clients: list, eval_utts: list, ledger: Any) -> None:
+    """In a private run the evaluation speakers must not be clients: eval.parquet releases each
+    evaluated utterance's transcript and errors exactly. Secure mode refuses the overlap (one
+    line); a research run records its guarantee as void."""
+    from cluster_fl.privacy.accounting import EVAL_ON_CLIENTS
+
+    if cfg.privacy.mechanism != "gaussian":
+        return
+    shared = {c.speaker for c in clients} & {u.speaker for u in eval_utts}
+    if not shared:
+        return
+    if cfg.privacy.secure_mode:
+        raise UserError(f"data.eval_split: {len(shared)} evaluation speaker(s) are clients of "
+                        f"the run (split {cfg.data.eval_split!r}); a secure run evaluates on "
+                        "speakers who are not clients")
+    ledger.add_void_reason(EVAL_ON_CLIENTS)
+
+
 def sharded_from_meta(cfg: Config, layout: LaneLayout) -> bool:
     """Whether this rank builds the base as a meta skeleton and loads only its shard: a real
     architecture (weights from local checkpoints) in a sharded lane. Tiny random-init variants
@@ -285,6 +303,7 @@ def build_world(cfg: Config, comm: Comm, log: Callable[[str], None]) -> World:
                                    e.bootstrap, cfg.seed, decode_cache=e.decode_cache)
     ledger = RunLedger(ledger_for(cfg, population), policy,
                        record_channels=cfg.audit.record_channels)
+    check_eval_speakers(cfg, clients, eval_utts, ledger.ledger)
     if comm.rank == 0:
         log(f"{population} clients, q={q:.3f}, {len(groups)} trainable groups "
             f"({sum(g.numel for g in groups):,} parameters), {comm.world_size} rank(s) in "

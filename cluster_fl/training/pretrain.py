@@ -291,7 +291,7 @@ def pretrain(cfg: Config, examples: Sequence[Any] | None = None, force: bool = F
     start_step, start_elapsed, history, opt_state, joint_start = 0, 0.0, [], None, None
     if (out / "meta.json").is_file() and not force and (out / "train_state.pt").is_file():
         model = load_checkpoint(out)
-        state = torch.load(out / "train_state.pt", weights_only=False)
+        state = torch.load(out / "train_state.pt", weights_only=True)
         start_step, start_elapsed = state["step"], state["elapsed_s"]
         history, opt_state = state["history"], state["optimizer"]
         joint_start = state.get("joint_start", 0)

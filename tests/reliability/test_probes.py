@@ -117,9 +117,25 @@ def test_a_checkpoint_copied_in_from_another_run_is_refused(killed_after_round_1
                                                      "fl.rounds=2")))
     shutil.copy(longer, folder / "checkpoint" / "state.pt")
     _refused(config, folder, "belongs to run", reference["folder"].name)
-    # the same run's id, further along than this attempt ever got: its ledger is behind it
+    # the same run's id and config, but another run: its nonce differs (issue 49)
     config, folder = _copy(killed_after_round_1, tiny_corpus, tmp_path / "same")
     shutil.copy(longer, folder / "checkpoint" / "state.pt")
+    _refused(config, folder, "state.pt", "belongs to another run")
+    # this very run's checkpoint, further along than its ledger: the ledger is behind it
+    import io
+
+    import torch
+    import yaml
+
+    from cluster_fl.engine.checkpoint import CONTENT_KEY, content_digest
+
+    config, folder = _copy(killed_after_round_1, tiny_corpus, tmp_path / "ahead")
+    ckpt = torch.load(longer, map_location="cpu", weights_only=True)
+    ckpt["run_nonce"] = yaml.safe_load((folder / "config.yaml").read_text())["run"]["nonce"]
+    ckpt[CONTENT_KEY] = content_digest({k: v for k, v in ckpt.items() if k != CONTENT_KEY})
+    buf = io.BytesIO()
+    torch.save(ckpt, buf)
+    (folder / "checkpoint" / "state.pt").write_bytes(buf.getvalue())
     _refused(config, folder, "privacy.json", "behind the checkpoint of round 3")
 
 
