@@ -24,6 +24,7 @@ the released lines without times.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from dataclasses import dataclass
 import errno
@@ -34,7 +35,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 # Light imports only: torch, models and data are imported inside the functions, after the stop
 # handlers are installed, so that a SIGTERM during start-up is a clean stop too (exit 75).
@@ -141,13 +142,21 @@ def run_training(cfg: Config, comm: Comm | None = None) -> Path:
     dump_stacks_on_fatal_signal()
     # From the first moment: a signal during setup or evaluation stops at once (Stopped), one
     # during a round stops at the round's end (the loop makes the flag deferred).
-    with StopFlag(immediate=True) as stop, warnings.catch_warnings():
-        if _private(cfg):  # unusable rows by utterance id: the operator log's (skipped.json)
-            warnings.filterwarnings("ignore", message="skipping utterance")
+    with StopFlag(immediate=True) as stop, quiet_data_warnings(cfg):
         try:
             return _run(cfg, comm, folder, stop)
         except Stopped:
             raise Preempted(folder) from None
+
+
+@contextlib.contextmanager
+def quiet_data_warnings(cfg: Config) -> Iterator[None]:
+    """In a private run, the corpus reader's ``skipping utterance <id>`` warnings do not reach
+    stderr (a scheduler's job log): the unusable rows are the operator log's (skipped.json)."""
+    with warnings.catch_warnings():
+        if _private(cfg):
+            warnings.filterwarnings("ignore", message="skipping utterance")
+        yield
 
 
 def _private(cfg: Config) -> bool:
