@@ -79,12 +79,12 @@ class Log:
             append_text(self.path, msg + "\n")
 
 
-def _check_existing(folder: Path, cfg: Config) -> tuple[bool, str | None]:
+def _check_existing(folder: Path, cfg: Config) -> tuple[bool, str | None, float | None]:
     """Refuse a folder whose config.yaml describes another run; return (whether the folder has
-    a config, the run's nonce in it: None for a run from before nonces)."""
+    a config, the run's nonce in it -- None for a run from before nonces --, the σ it ran with)."""
     path = folder / "config.yaml"
     if not path.is_file():
-        return False, None
+        return False, None, None
     try:
         from cluster_fl.models.registry import resolve_shapes
 
@@ -95,6 +95,7 @@ def _check_existing(folder: Path, cfg: Config) -> tuple[bool, str | None]:
                         f"{folder} to start the run again") from None
     new = to_dict(cfg)
     nonce = old.get("run", {}).get("nonce")
+    sigma = old.get("privacy", {}).get("noise_multiplier")
     if cfg.run.nonce is not None and cfg.run.nonce != nonce:
         raise UserError(f"run folder {folder} holds another run (run.nonce {nonce!r} in {path}, "
                         f"not {cfg.run.nonce!r}); leave run.nonce unset")
@@ -111,7 +112,7 @@ def _check_existing(folder: Path, cfg: Config) -> tuple[bool, str | None]:
         raise UserError(f"run folder {folder} holds a run with a different config "
                         f"({path} differs in {', '.join(keys[:3])}{damaged}); set run.run_id "
                         "or run.experiment to start a new run")
-    return True, nonce
+    return True, nonce, sigma
 
 
 def dump_stacks_on_fatal_signal() -> bool:
@@ -232,11 +233,16 @@ def _open_run(cfg: Config, comm: Comm, folder: Path
                     _check_existing(folder, cfg)
                     outcome = _DONE
                 else:
-                    existed, nonce = _check_existing(folder, cfg)
+                    existed, nonce, stored = _check_existing(folder, cfg)
                     check_checkpoint_path(folder)  # before any file is touched
                     if not existed:  # the first start: this run's identity from now on
                         nonce = cfg.run.nonce or secrets.token_hex(16)
-                    cfg = _resolve_sigma(cfg)
+                    if existed and cfg.privacy.noise_multiplier is None and stored is not None:
+                        # σ from the target: the one the run began with, not a recount
+                        cfg = dataclasses.replace(cfg, privacy=dataclasses.replace(
+                            cfg.privacy, noise_multiplier=float(stored)))
+                    else:
+                        cfg = _resolve_sigma(cfg)
                     sigma = cfg.privacy.noise_multiplier
                     cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, nonce=nonce))
                     removed = clean_temp_files(folder)  # what a killed writer left half-written

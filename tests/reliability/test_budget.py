@@ -25,6 +25,14 @@ def test_train_derives_sigma_from_the_target_epsilon(tiny_corpus, tmp_path):
     assert f"noise_multiplier: {record['noise_multiplier']}" in stored  # the σ the run used
     train_in_process(tiny_corpus, tmp_path, *extra)  # the same config: finished, not refused
     assert status(folder)["state"] == "done"
+    st = status(folder)  # killed before its final evaluation: the resume keeps the run's σ
+    st.update(state="running")
+    (folder / "status.json").write_text(json.dumps(st))
+    (folder / "final.parquet").unlink()
+    train_in_process(tiny_corpus, tmp_path, *extra)
+    again = json.loads((folder / "privacy.json").read_text())
+    assert again["noise_multiplier"] == record["noise_multiplier"]
+    assert again["epsilon"] == record["epsilon"] and status(folder)["state"] == "done"
 
 
 def test_a_sigma_that_passes_the_target_is_refused(tiny_corpus, tmp_path, capsys):
