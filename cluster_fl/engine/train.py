@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 # Light imports only: torch, models and data are imported inside the functions, after the stop
 # handlers are installed, so that a SIGTERM during start-up is a clean stop too (exit 75).
 from cluster_fl.config import Config, build_config, to_dict, yaml_load
+from cluster_fl.engine.budget import over_budget, resolve_sigma, start_notes
 from cluster_fl.engine.checkpoint import (StopFlag, Stopped, check_checkpoint_path,
                                           load_run_checkpoint, save_run_checkpoint)
 from cluster_fl.engine.dataset_ledger import DatasetLedger
@@ -242,7 +243,7 @@ def _open_run(cfg: Config, comm: Comm, folder: Path
                         cfg = dataclasses.replace(cfg, privacy=dataclasses.replace(
                             cfg.privacy, noise_multiplier=float(stored)))
                     else:
-                        cfg = _resolve_sigma(cfg)
+                        cfg = resolve_sigma(cfg)
                     sigma = cfg.privacy.noise_multiplier
                     cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, nonce=nonce))
                     removed = clean_temp_files(folder)  # what a killed writer left half-written
@@ -274,24 +275,6 @@ def _open_run(cfg: Config, comm: Comm, folder: Path
             print(f"cluster-fl: run already finished: {folder}", file=sys.stderr)
         return True, None, [], None, sigma
     return False, lock, removed, nonce, sigma
-
-
-def _resolve_sigma(cfg: Config) -> Config:
-    """σ from ``privacy.target_epsilon`` when σ is unset; a σ that passes the target refused
-    (:func:`~cluster_fl.privacy.accounting.resolve_noise_multiplier`), N counted as the run
-    partitions the corpus."""
-    p = cfg.privacy
-    if p.mechanism != "gaussian" or p.target_epsilon is None:
-        return cfg
-    from cluster_fl.data import count_clients
-    from cluster_fl.privacy.accounting import resolve_noise_multiplier
-
-    try:
-        population = int(count_clients(cfg.data))
-    except OSError as exc:
-        raise UserError(f"data.corpus: cannot count the clients of {cfg.data.corpus} to derive "
-                        f"sigma from privacy.target_epsilon ({type(exc).__name__})") from None
-    return resolve_noise_multiplier(cfg, population)
 
 
 def _working_config(cfg: Config, comm: Comm, folder: Path) -> Config:
@@ -379,53 +362,13 @@ def _train(cfg: Config, comm: Comm, folder: Path, log: Log, stop: StopFlag,
     stop.set_immediate(False)  # from here a signal stops at the end of the round
     budget = None
     for r in range(run.start_round, cfg.fl.rounds + 1):
-        budget = _over_budget(run, r, cfg)
+        budget = over_budget(run.world.ledger, r, cfg)
         if budget is not None:
             log(budget)
             break
         _round(run, r, cfg, comm, folder, log, stop, progress)
     _finish(run, cfg, comm, folder, log, stop, record, budget)
     return folder
-
-
-def _over_budget(run: _Attempt, r: int, cfg: Config) -> str | None:
-    """Why the run stops before round ``r`` (``privacy.max_epsilon``), or None. ε depends on the
-    config and the rounds charged only -- never on clients' data -- so every rank decides alike
-    and the decision itself releases nothing."""
-    limit = cfg.privacy.max_epsilon
-    if limit is None:
-        return None
-    eps = run.world.ledger.epsilon_if_charged(r)
-    if eps <= limit:
-        return None
-    return (f"stopped before round {r}: its charge would take epsilon to {eps:.4g}, past "
-            f"privacy.max_epsilon {limit:g}")
-
-
-def _start_notes(cfg: Config, world: Any) -> list[str]:
-    """What a user must hear before a run starts: σ = 0, a void guarantee (and why), a model
-    from random init, σ derived from the target, a budget the run keeps."""
-    p = cfg.privacy
-    notes = []
-    if p.mechanism == "gaussian":
-        if p.target_epsilon is not None:
-            notes.append(f"privacy: sigma {p.noise_multiplier:.6g} for target epsilon "
-                         f"{p.target_epsilon:g} over {cfg.fl.rounds} rounds at delta {p.delta:g}")
-        if p.noise_multiplier == 0:
-            notes.append("warning: privacy.noise_multiplier is 0: the update is released "
-                         "without noise")
-        notes += [f"warning: guarantee void: {reason}" for reason in
-                  world.ledger.ledger.void_reasons]
-        if p.max_epsilon is not None:
-            notes.append(f"privacy: the run stops before a round that would take epsilon past "
-                         f"privacy.max_epsilon {p.max_epsilon:g}")
-    if cfg.model.checkpoint is None:
-        from cluster_fl.models import get_arch
-
-        if get_arch(cfg.model.arch).tiny:
-            notes.append(f"warning: model.checkpoint is not set: {cfg.model.arch} starts from "
-                         "random init")
-    return notes
 
 
 def _resume(cfg: Config, comm: Comm, folder: Path, log: Log, progress: dict) -> _Attempt:
@@ -447,7 +390,7 @@ def _resume(cfg: Config, comm: Comm, folder: Path, log: Log, progress: dict) -> 
     run = _Attempt(world, world.initial_state, [], 1, oplog, skipped, t_start)
     world.ledger.attach(folder, main, nonce=cfg.run.nonce,
                         dataset=DatasetLedger(cfg, folder) if _private(cfg) else None)
-    for note in _start_notes(cfg, world):
+    for note in start_notes(cfg, world.ledger.ledger):
         log(note)
     world.ledger.resume(ckpt)
     if ckpt is not None:  # checkpoints hold host tensors; the state lives on the model's device
