@@ -24,6 +24,7 @@ the released lines without times.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from dataclasses import dataclass
 import errno
@@ -34,11 +35,12 @@ import sys
 import time
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 # Light imports only: torch, models and data are imported inside the functions, after the stop
 # handlers are installed, so that a SIGTERM during start-up is a clean stop too (exit 75).
 from cluster_fl.config import Config, build_config, to_dict, yaml_load
+from cluster_fl.engine.budget import over_budget, resolve_sigma, start_notes
 from cluster_fl.engine.checkpoint import (StopFlag, Stopped, check_checkpoint_path,
                                           load_run_checkpoint, save_run_checkpoint)
 from cluster_fl.engine.dataset_ledger import DatasetLedger
@@ -78,12 +80,12 @@ class Log:
             append_text(self.path, msg + "\n")
 
 
-def _check_existing(folder: Path, cfg: Config) -> tuple[bool, str | None]:
+def _check_existing(folder: Path, cfg: Config) -> tuple[bool, str | None, float | None]:
     """Refuse a folder whose config.yaml describes another run; return (whether the folder has
-    a config, the run's nonce in it: None for a run from before nonces)."""
+    a config, the run's nonce in it -- None for a run from before nonces --, the σ it ran with)."""
     path = folder / "config.yaml"
     if not path.is_file():
-        return False, None
+        return False, None, None
     try:
         # keys added later: defaults; the stored config was resolved at its run's entrance
         old = to_dict(build_config(yaml_load(path.read_text())))
@@ -92,6 +94,7 @@ def _check_existing(folder: Path, cfg: Config) -> tuple[bool, str | None]:
                         f"{folder} to start the run again") from None
     new = to_dict(cfg)
     nonce = old.get("run", {}).get("nonce")
+    sigma = old.get("privacy", {}).get("noise_multiplier")
     if cfg.run.nonce is not None and cfg.run.nonce != nonce:
         raise UserError(f"run folder {folder} holds another run (run.nonce {nonce!r} in {path}, "
                         f"not {cfg.run.nonce!r}); leave run.nonce unset")
@@ -108,7 +111,7 @@ def _check_existing(folder: Path, cfg: Config) -> tuple[bool, str | None]:
         raise UserError(f"run folder {folder} holds a run with a different config "
                         f"({path} differs in {', '.join(keys[:3])}{damaged}); set run.run_id "
                         "or run.experiment to start a new run")
-    return True, nonce
+    return True, nonce, sigma
 
 
 def dump_stacks_on_fatal_signal() -> bool:
@@ -139,13 +142,21 @@ def run_training(cfg: Config, comm: Comm | None = None) -> Path:
     dump_stacks_on_fatal_signal()
     # From the first moment: a signal during setup or evaluation stops at once (Stopped), one
     # during a round stops at the round's end (the loop makes the flag deferred).
-    with StopFlag(immediate=True) as stop, warnings.catch_warnings():
-        if _private(cfg):  # unusable rows by utterance id: the operator log's (skipped.json)
-            warnings.filterwarnings("ignore", message="skipping utterance")
+    with StopFlag(immediate=True) as stop, quiet_data_warnings(cfg):
         try:
             return _run(cfg, comm, folder, stop)
         except Stopped:
             raise Preempted(folder) from None
+
+
+@contextlib.contextmanager
+def quiet_data_warnings(cfg: Config) -> Iterator[None]:
+    """In a private run, the corpus reader's ``skipping utterance <id>`` warnings do not reach
+    stderr (a scheduler's job log): the unusable rows are the operator log's (skipped.json)."""
+    with warnings.catch_warnings():
+        if _private(cfg):
+            warnings.filterwarnings("ignore", message="skipping utterance")
+        yield
 
 
 def _private(cfg: Config) -> bool:
@@ -221,11 +232,16 @@ def _open_run(cfg: Config, comm: Comm, folder: Path
                     _check_existing(folder, cfg)
                     outcome = _DONE
                 else:
-                    existed, nonce = _check_existing(folder, cfg)
+                    existed, nonce, stored = _check_existing(folder, cfg)
                     check_checkpoint_path(folder)  # before any file is touched
                     if not existed:  # the first start: this run's identity from now on
                         nonce = cfg.run.nonce or secrets.token_hex(16)
-                    cfg = _resolve_sigma(cfg)
+                    if existed and cfg.privacy.noise_multiplier is None and stored is not None:
+                        # σ from the target: the one the run began with, not a recount
+                        cfg = dataclasses.replace(cfg, privacy=dataclasses.replace(
+                            cfg.privacy, noise_multiplier=float(stored)))
+                    else:
+                        cfg = resolve_sigma(cfg)
                     sigma = cfg.privacy.noise_multiplier
                     cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, nonce=nonce))
                     removed = clean_temp_files(folder)  # what a killed writer left half-written
@@ -257,24 +273,6 @@ def _open_run(cfg: Config, comm: Comm, folder: Path
             print(f"cluster-fl: run already finished: {folder}", file=sys.stderr)
         return True, None, [], None, sigma
     return False, lock, removed, nonce, sigma
-
-
-def _resolve_sigma(cfg: Config) -> Config:
-    """σ from ``privacy.target_epsilon`` when σ is unset; a σ that passes the target refused
-    (:func:`~cluster_fl.privacy.accounting.resolve_noise_multiplier`), N counted as the run
-    partitions the corpus."""
-    p = cfg.privacy
-    if p.mechanism != "gaussian" or p.target_epsilon is None:
-        return cfg
-    from cluster_fl.data import count_clients
-    from cluster_fl.privacy.accounting import resolve_noise_multiplier
-
-    try:
-        population = int(count_clients(cfg.data))
-    except OSError as exc:
-        raise UserError(f"data.corpus: cannot count the clients of {cfg.data.corpus} to derive "
-                        f"sigma from privacy.target_epsilon ({type(exc).__name__})") from None
-    return resolve_noise_multiplier(cfg, population)
 
 
 def _working_config(cfg: Config, comm: Comm, folder: Path) -> Config:
@@ -362,53 +360,13 @@ def _train(cfg: Config, comm: Comm, folder: Path, log: Log, stop: StopFlag,
     stop.set_immediate(False)  # from here a signal stops at the end of the round
     budget = None
     for r in range(run.start_round, cfg.fl.rounds + 1):
-        budget = _over_budget(run, r, cfg)
+        budget = over_budget(run.world.ledger, r, cfg)
         if budget is not None:
             log(budget)
             break
         _round(run, r, cfg, comm, folder, log, stop, progress)
     _finish(run, cfg, comm, folder, log, stop, record, budget)
     return folder
-
-
-def _over_budget(run: _Attempt, r: int, cfg: Config) -> str | None:
-    """Why the run stops before round ``r`` (``privacy.max_epsilon``), or None. ε depends on the
-    config and the rounds charged only -- never on clients' data -- so every rank decides alike
-    and the decision itself releases nothing."""
-    limit = cfg.privacy.max_epsilon
-    if limit is None:
-        return None
-    eps = run.world.ledger.epsilon_if_charged(r)
-    if eps <= limit:
-        return None
-    return (f"stopped before round {r}: its charge would take epsilon to {eps:.4g}, past "
-            f"privacy.max_epsilon {limit:g}")
-
-
-def _start_notes(cfg: Config, world: Any) -> list[str]:
-    """What a user must hear before a run starts: σ = 0, a void guarantee (and why), a model
-    from random init, σ derived from the target, a budget the run keeps."""
-    p = cfg.privacy
-    notes = []
-    if p.mechanism == "gaussian":
-        if p.target_epsilon is not None:
-            notes.append(f"privacy: sigma {p.noise_multiplier:.6g} for target epsilon "
-                         f"{p.target_epsilon:g} over {cfg.fl.rounds} rounds at delta {p.delta:g}")
-        if p.noise_multiplier == 0:
-            notes.append("warning: privacy.noise_multiplier is 0: the update is released "
-                         "without noise")
-        notes += [f"warning: guarantee void: {reason}" for reason in
-                  world.ledger.ledger.void_reasons]
-        if p.max_epsilon is not None:
-            notes.append(f"privacy: the run stops before a round that would take epsilon past "
-                         f"privacy.max_epsilon {p.max_epsilon:g}")
-    if cfg.model.checkpoint is None:
-        from cluster_fl.models import get_arch
-
-        if get_arch(cfg.model.arch).tiny:
-            notes.append(f"warning: model.checkpoint is not set: {cfg.model.arch} starts from "
-                         "random init")
-    return notes
 
 
 def _resume(cfg: Config, comm: Comm, folder: Path, log: Log, progress: dict) -> _Attempt:
@@ -430,7 +388,7 @@ def _resume(cfg: Config, comm: Comm, folder: Path, log: Log, progress: dict) -> 
     run = _Attempt(world, world.initial_state, [], 1, oplog, skipped, t_start)
     world.ledger.attach(folder, main, nonce=cfg.run.nonce,
                         dataset=DatasetLedger(cfg, folder) if _private(cfg) else None)
-    for note in _start_notes(cfg, world):
+    for note in start_notes(cfg, world.ledger.ledger):
         log(note)
     world.ledger.resume(ckpt)
     if ckpt is not None:  # checkpoints hold host tensors; the state lives on the model's device

@@ -58,3 +58,22 @@ def test_a_private_runs_status_names_an_unexpected_errors_type_only(tmp_path):
     assert "client 17" not in status["error"]
     assert "client 17" not in (folder / "log.txt").read_text()
     assert "client 17" in operator_path(folder).read_text()
+
+
+def test_a_private_run_keeps_unusable_utterance_ids_off_stderr():
+    import warnings
+
+    from cluster_fl.data.mls import report_problem
+    from cluster_fl.engine.train import quiet_data_warnings
+
+    def shown(*overrides: str) -> list[str]:
+        errors: list[dict] = []
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            with quiet_data_warnings(load_config(None, list(overrides))):
+                report_problem(errors, "spk7_utt3", "shard.parquet", "cannot decode")
+        assert errors[0]["utterance_id"] == "spk7_utt3"  # kept for the operator log
+        return [str(w.message) for w in seen]
+
+    assert not any("spk7_utt3" in m for m in shown())  # DP-FedAvg
+    assert any("spk7_utt3" in m for m in shown("privacy.mechanism=none"))

@@ -5,13 +5,11 @@ that would pass it (and a resume stopping there too), and what is said at start.
 from __future__ import annotations
 
 import json
-from types import SimpleNamespace
-
 from reliability_helpers import config_file, folder_of, one_line_error, status, train_in_process
 
 from cluster_fl.cli import main
 from cluster_fl.config import load_config
-from cluster_fl.engine.train import _start_notes
+from cluster_fl.engine.budget import start_notes
 from cluster_fl.privacy import ledger_for
 
 
@@ -25,6 +23,14 @@ def test_train_derives_sigma_from_the_target_epsilon(tiny_corpus, tmp_path):
     assert f"noise_multiplier: {record['noise_multiplier']}" in stored  # the σ the run used
     train_in_process(tiny_corpus, tmp_path, *extra)  # the same config: finished, not refused
     assert status(folder)["state"] == "done"
+    st = status(folder)  # killed before its final evaluation: the resume keeps the run's σ
+    st.update(state="running")
+    (folder / "status.json").write_text(json.dumps(st))
+    (folder / "final.parquet").unlink()
+    train_in_process(tiny_corpus, tmp_path, *extra)
+    again = json.loads((folder / "privacy.json").read_text())
+    assert again["noise_multiplier"] == record["noise_multiplier"]
+    assert again["epsilon"] == record["epsilon"] and status(folder)["state"] == "done"
 
 
 def test_a_sigma_that_passes_the_target_is_refused(tiny_corpus, tmp_path, capsys):
@@ -57,8 +63,7 @@ def test_max_epsilon_stops_before_the_round_that_would_pass_it(tiny_corpus, tmp_
 def test_sigma_zero_a_void_guarantee_and_random_init_are_said_at_start():
     def notes(*overrides):
         cfg = load_config(None, ["model.arch=whisper-tinyllama-tiny", *overrides])
-        world = SimpleNamespace(ledger=SimpleNamespace(ledger=ledger_for(cfg, population=100)))
-        return "\n".join(_start_notes(cfg, world))
+        return "\n".join(start_notes(cfg, ledger_for(cfg, population=100)))
 
     zero = notes("privacy.noise_multiplier=0")
     assert "noise_multiplier is 0" in zero and "guarantee void" in zero
