@@ -88,14 +88,18 @@ class ShardedEvaluation:
         return summarize(rows, bootstrap=self.bootstrap, seed=self.seed), rows
 
 
-def evaluation_line(r: int, rounds: int, summary: dict[str, Any]) -> str:
-    """The log line of a mid-run evaluation (``eval.every``): the released model's test WER with
-    its speaker-bootstrap 95% CI -- public test speakers scoring a released model, so it is
-    post-processing of the release, something a reader can follow while the noised per-round
-    diagnostics of a small cohort are too noisy to show."""
+def wer_text(summary: dict[str, Any]) -> str:
+    """``test WER 0.912 [0.875, 0.961] (240 utterances)``: a mid-run evaluation (``eval.every``)
+    of the released model with its speaker-bootstrap 95% CI -- public test speakers scoring a
+    released model, so it is post-processing of the release, something a reader can follow while
+    the noised per-round diagnostics of a small cohort are too noisy to show."""
     low, high = summary.get("wer_ci_low"), summary.get("wer_ci_high")
     ci = (f" [{low:.3f}, {high:.3f}]"
           if isinstance(low, float) and isinstance(high, float) and low == low and high == high
           else "")
-    return (f"round {r}/{rounds}: test WER {summary['wer']:.3f}{ci} "
-            f"({int(summary.get('n_utterances', 0))} utterances)")
+    return f"test WER {summary['wer']:.3f}{ci} ({int(summary.get('n_utterances', 0))} utterances)"
+
+
+def evaluation_line(r: int, rounds: int, summary: dict[str, Any]) -> str:
+    """The test WER of round ``r`` alone (the round line carries it with the rest)."""
+    return f"round {r}/{rounds}: {wer_text(summary)}"

@@ -45,6 +45,8 @@ from cluster_fl.engine.rundir import (RESUME_TOLERATED, RunLock, append_text, cl
                                       git_commit, is_done, make_folder, path_names, read_status,
                                       run_dir, write_config, write_json, write_status)
 from cluster_fl.errors import UserError
+from cluster_fl.engine.performance import Performance
+from cluster_fl.progress import Clock
 
 if TYPE_CHECKING:  # imported lazily at run time: the process boundary starts with the run
     from cluster_fl.distributed import Comm
@@ -55,20 +57,27 @@ _ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG, err
 
 
 class Log:
-    """Rank-0 progress: one line per event to stderr (with the time of day) and to the run's
-    log.txt (without: times are a side channel of the clients' work, kept for the operator)."""
+    """Rank-0 progress: one line per event to stderr (with the time of day, and ``screen``: a
+    round's elapsed time and ETA) and to the run's log.txt (without either: times are a side
+    channel of the clients' work, kept for the operator)."""
 
     def __init__(self, folder: Path | None, enabled: bool):
         self.path = folder / "log.txt" if folder is not None else None
         self.enabled = enabled
 
-    def __call__(self, msg: str, echo: bool = True) -> None:
+    def __call__(self, msg: str, echo: bool = True, screen: str = "") -> None:
         if not self.enabled:
             return
         if echo:
-            print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+            print(f"[{time.strftime('%H:%M:%S')}] {msg}{' | ' + screen if screen else ''}",
+                  file=sys.stderr, flush=True)
         if self.path is not None:
             append_text(self.path, msg + "\n")
+
+    def screen(self, msg: str) -> None:
+        """A line for stderr only, never log.txt (e.g. the run's timings)."""
+        if self.enabled:
+            print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
 def _check_existing(folder: Path, cfg: Config) -> None:
@@ -288,6 +297,8 @@ class _Attempt:
     oplog: OperatorLog
     skipped: Any  # cluster_fl.engine.metrics.SkippedRows
     t_start: float
+    clock: Clock
+    perf: Performance
     quiet: int = 0  # rounds in which none of rank 0's lane's clients contributed (operator only)
 
 
@@ -316,7 +327,8 @@ def _resume(cfg: Config, comm: Comm, folder: Path, log: Log, progress: dict) -> 
     world = setup.build_world(cfg, comm, log)
     skipped = SkippedRows(folder, world.evaluation.store.errors, _owners(world.engine.clients),
                           main, lambda msg: oplog("skipped", message=msg))
-    run = _Attempt(world, world.initial_state, [], 1, oplog, skipped, t_start)
+    run = _Attempt(world, world.initial_state, [], 1, oplog, skipped, t_start,
+                   Clock(cfg.fl.rounds), Performance.of(world))
     world.ledger.attach(folder, main)
     world.ledger.resume(ckpt)
     if ckpt is not None:  # checkpoints hold host tensors; the state lives on the model's device
@@ -326,6 +338,7 @@ def _resume(cfg: Config, comm: Comm, folder: Path, log: Log, progress: dict) -> 
         run.start_round = ckpt["round"] + 1
         progress["checkpoint_round"] = ckpt["round"]
         log(f"resumed from round {ckpt['round']}")
+    run.clock = Clock(cfg.fl.rounds, done=run.start_round - 1)  # the ETA of this attempt's rounds
     if world.ledger.started >= run.start_round:
         oplog("resume", checkpoint_round=run.start_round - 1, rounds_started=world.ledger.started,
               charged=world.ledger.rounds, secure=world.ledger.secure)
@@ -341,7 +354,7 @@ def _round(run: _Attempt, r: int, cfg: Config, comm: Comm, folder: Path, log: Lo
            stop: StopFlag, progress: dict) -> None:
     """Round ``r``: charge, train, release its row, checkpoint; a stop signal ends the run here
     (:class:`Preempted`) once every rank has the round."""
-    from cluster_fl.engine.evaluation import evaluation_line
+    from cluster_fl.engine.evaluation import wer_text
     from cluster_fl.engine.metrics import progress_line, write_rows
 
     world, main, rounds = run.world, comm.rank == 0, cfg.fl.rounds
@@ -349,13 +362,18 @@ def _round(run: _Attempt, r: int, cfg: Config, comm: Comm, folder: Path, log: Lo
     out = world.engine.run_round(r, run.state)
     run.state = out.state
     out.row["epsilon"] = world.ledger.epsilon()
+    evaluated = ""
     if cfg.eval.every and r % cfg.eval.every == 0 and r < rounds:
+        t_eval = time.perf_counter()
         summary, _ = world.evaluate(run.state)  # every rank decodes its slice
+        run.perf.evaluation_s += time.perf_counter() - t_eval
         if summary is not None:
             out.row.update({k: v for k, v in summary.items() if k.startswith("wer")})
-            log(evaluation_line(r, rounds, summary))  # readable where diagnostics are not
+            evaluated = wer_text(summary)  # readable where diagnostics are not
     run.rows.append(out.row)
-    log(progress_line(r, rounds, out.row))
+    run.clock.tick()
+    run.perf.add_round(out.operator)
+    log(progress_line(r, rounds, out.row, evaluated), screen=run.clock.line())
     run.oplog("round", round=r, **out.operator)
     facts = out.operator
     if facts.get("trained", 0) - facts.get("nonfinite", 0) < 1:
@@ -391,7 +409,9 @@ def _finish(run: _Attempt, cfg: Config, comm: Comm, folder: Path, log: Log, stop
     _check_contributions(run.rows, run.quiet, rounds - run.start_round + 1, run.oplog,
                          world.engine.layout.lanes)
     stop.set_immediate(True)  # the final evaluation: a signal stops it at once
+    t_eval = time.perf_counter()
     summary, eval_rows = world.evaluate(run.state)  # sharded over lanes; rank 0 gets the rows
+    run.perf.evaluation_s += time.perf_counter() - t_eval
     stop.set_immediate(False)  # the last writes take a moment: let them finish
     run.skipped.collect(comm)
     if main:
@@ -405,6 +425,9 @@ def _finish(run: _Attempt, cfg: Config, comm: Comm, folder: Path, log: Log, stop
         write_status(folder, "done", rounds, rounds)
         log(f"done: WER {final.get('wer', float('nan')):.4f}, epsilon {final['epsilon']:.3g} "
             f"[{world.ledger.to_json()['guarantee']}] -> {folder}")
+        for line in run.perf.summary():  # exact timings: the screen and the operator log only
+            log.screen(line)
+            run.oplog("performance", message=line)
     comm.barrier(slow=True)  # waits for rank 0's scoring and writes
 
 
