@@ -112,3 +112,36 @@ def progress(items: Iterable[T], total: int | None = None, desc: str = "", unit:
             last = now()
             say()
     say(final=True)
+
+
+class Tally:
+    """Progress of ``total`` things that finish out of order (a grid's runs): a bar on a terminal,
+    and off one a plain line each time the summary text changes."""
+
+    def __init__(self, total: int, desc: str, unit: str = "run", stream: TextIO | None = None,
+                 now: Callable[[], float] = time.perf_counter):
+        self.total, self.desc, self.unit, self.now = total, desc, unit, now
+        self.stream = stream if stream is not None else sys.stderr
+        self.start = now()
+        self.text = None
+        self.bar = None
+        if on_terminal(self.stream):
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, desc=desc, unit=unit, file=self.stream, leave=False,
+                            dynamic_ncols=True)
+
+    def update(self, done: int, text: str) -> None:
+        """``done`` of the total are finished; ``text`` says how the rest stand."""
+        if self.bar is not None:
+            self.bar.n = done
+            self.bar.set_postfix_str(text, refresh=True)
+            return
+        if text != self.text:
+            self.text = text
+            print(f"{self.desc}: {done}/{self.total} {self.unit}s finished ({text}), elapsed "
+                  f"{format_duration(self.now() - self.start)}", file=self.stream, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
