@@ -5,8 +5,8 @@ Two tools, shared by every layer:
 * :class:`Clock` -- elapsed time, the last step's duration and an ETA from the mean step time of
   this process (a resumed run's ETA counts only the rounds it has run itself);
 * :func:`progress` -- wraps an iterable: a tqdm bar when stderr is a terminal, and otherwise
-  (a job log, a pipe) a plain line at the start, at most every ``every_s`` seconds, and at the
-  end, so a log file shows progress without a bar's carriage returns.
+  (a job log, a pipe) a plain line every ``every_s`` seconds and one at the end, so a log file
+  shows progress without a bar's carriage returns (a phase shorter than ``every_s`` says nothing).
 
 Durations are for the screen only. A run folder never holds them: a round's wall time is a side
 channel of the clients' work (``engine/operator_log.py`` keeps it for the operator).
@@ -104,14 +104,15 @@ def progress(items: Iterable[T], total: int | None = None, desc: str = "", unit:
         print(f"{desc}: {done}{of} {unit}, elapsed {format_duration(t)}{rate}{eta}"
               + (" (done)" if final else ""), file=stream, flush=True)
 
-    say()
+    said = False
     for item in items:
         yield item
         done += 1
         if now() - last >= every_s and (total is None or done < total):
-            last = now()
+            last, said = now(), True
             say()
-    say(final=True)
+    if said:  # a phase shorter than every_s leaves no line
+        say(final=True)
 
 
 class Tally:

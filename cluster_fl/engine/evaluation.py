@@ -16,6 +16,7 @@ from typing import Any, Sequence
 
 from cluster_fl.distributed import Comm
 from cluster_fl.distributed.parallelize import LaneLayout, Placement
+from cluster_fl.progress import progress
 
 
 def plan_batches(utterances: Sequence[Any], batch_size: int) -> list[list[int]]:
@@ -61,7 +62,8 @@ class ShardedEvaluation:
         batches = self.my_batches()
         examples = load_examples(self.store, [self.utterances[i] for b in batches for i in b])
         out: list[tuple[int, dict]] = []
-        for batch in batches:
+        shown = self.layout.lane == 0 and self.layout.leader  # one bar: rank 0's
+        for batch in progress(batches, desc="decoding", unit="batch", enabled=shown):
             idx = [i for i in batch if self.utterances[i].utterance_id in examples]
             items = [examples[self.utterances[i].utterance_id] for i in idx]
             if not items:
@@ -69,7 +71,7 @@ class ShardedEvaluation:
             with placement.compute():
                 hyps = transcribe(model, items, batch_size=len(items),
                                   max_new_tokens=self.max_new_tokens,
-                                  decode_cache=self.decode_cache)
+                                  decode_cache=self.decode_cache, show=False)
             out.extend(zip(idx, score_rows(items, hyps)))
         return out
 

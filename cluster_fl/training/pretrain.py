@@ -43,6 +43,15 @@ from cluster_fl.models.build import build_base
 from cluster_fl.models.checkpoint import load_checkpoint, read_meta, save_checkpoint
 from cluster_fl.models.registry import get_arch, resolve_shapes
 from cluster_fl.models.speech_llm import SpeechLLM, collate
+from cluster_fl.progress import format_duration
+
+
+def _eta(step: int, steps: int, spent_s: float, start_step: int) -> str:
+    """``  of 5600, ETA 4:10`` for a step budget (this call's mean step time; empty without one)."""
+    if steps <= 0 or step <= start_step:
+        return ""
+    return (f"  of {steps}, ETA "
+            f"{format_duration((steps - step) * spent_s / (step - start_step))}")
 
 
 def split_heldout(examples: Sequence[Any], per_language: int, seed: int
@@ -191,7 +200,7 @@ def train(model: SpeechLLM, examples: Sequence[Any], *, lr: float, batch_size: i
         if step % 50 == 0:
             phase = "ctc" if joint_start is None else "lm" if separate else "loss"
             log(f"step {step:6d}  {elapsed / 60:5.1f} min  {phase} {np.mean(losses[-50:]):.3f}  "
-                f"lr {opt.param_groups[0]['lr']:.2e}")
+                f"lr {opt.param_groups[0]['lr']:.2e}{_eta(step, steps, now - started, start_step)}")
         if eval_every and on_eval is not None and step % eval_every == 0:
             on_eval(step, time.monotonic() - began, joint_start)
             model.train()
