@@ -427,6 +427,9 @@ class AuditConfig:
         _range(self.canaries, "audit.canaries", 0, None, integer=True)
 
 
+TRACKERS = ("tensorboard", "wandb", "mlflow")
+
+
 @dataclass(frozen=True, kw_only=True)
 class RunConfig:
     """Bookkeeping: seed, output folder, checkpoints, threads."""
@@ -452,8 +455,18 @@ class RunConfig:
     wait_timeout_s: int = 7200
     """Limit for collectives that wait for the slowest lane (its share of the cohort's training,
     the sharded evaluation); a killed rank still fails them at once."""
+    report_to: tuple[str, ...] = ()
+    """Experiment trackers that receive the config, each round's released values (noised
+    diagnostics, ε so far) and the evaluations -- never the operator log: any of
+    ``tensorboard``, ``wandb``, ``mlflow`` (several allowed; ``[]`` or ``none``: none). They write
+    under ``<out>/<experiment>/.trackers/``; each needs its package (``pip install
+    'cluster_fl[trackers]'``). W&B runs offline unless ``WANDB_MODE`` says otherwise."""
 
     def __post_init__(self) -> None:
+        report = (self.report_to,) if isinstance(self.report_to, str) else tuple(self.report_to)
+        object.__setattr__(self, "report_to", tuple(t for t in report if t != "none"))
+        for tracker in self.report_to:
+            _in(tracker, TRACKERS, "run.report_to")
         if self.seed is not None:
             _range(self.seed, "run.seed", 0, 2**63 - 1, integer=True)
         _range(self.checkpoint_every, "run.checkpoint_every", 1, None, integer=True)

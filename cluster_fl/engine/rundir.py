@@ -41,6 +41,7 @@ _TEMP = re.compile(r"^\..+\.tmp-?\d+$")
 # keys that may differ between the submissions of one run (a resume on other hardware)
 RESUME_TOLERATED = {("run", "out"), ("run", "threads"), ("run", "timeout_s"),
                     ("run", "wait_timeout_s"), ("run", "device"),
+                    ("run", "report_to"),  # where the released values are also sent
                     ("data", "allow_missing_languages"),
                     # where the client features live while training: speed, not results
                     ("data", "device_resident"),

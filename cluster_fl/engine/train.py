@@ -46,6 +46,7 @@ from cluster_fl.engine.rundir import (RESUME_TOLERATED, RunLock, append_text, cl
                                       run_dir, write_config, write_json, write_status)
 from cluster_fl.errors import UserError
 from cluster_fl.engine.performance import Performance
+from cluster_fl.engine.trackers import Trackers
 from cluster_fl.progress import Clock
 
 if TYPE_CHECKING:  # imported lazily at run time: the process boundary starts with the run
@@ -299,16 +300,21 @@ class _Attempt:
     t_start: float
     clock: Clock
     perf: Performance
+    trackers: Trackers
     quiet: int = 0  # rounds in which none of rank 0's lane's clients contributed (operator only)
 
 
 def _train(cfg: Config, comm: Comm, folder: Path, log: Log, stop: StopFlag,
            progress: dict, record: Config) -> Path:
     run = _resume(cfg, comm, folder, log, progress)
-    stop.set_immediate(False)  # from here a signal stops at the end of the round
-    for r in range(run.start_round, cfg.fl.rounds + 1):
-        _round(run, r, cfg, comm, folder, log, stop, progress)
-    _finish(run, cfg, comm, folder, log, stop, record)
+    try:  # the recorded config: a secure run's drawn seed is no part of it
+        run.trackers = Trackers(cfg.run.report_to, folder, to_dict(record), enabled=comm.rank == 0)
+        stop.set_immediate(False)  # from here a signal stops at the end of the round
+        for r in range(run.start_round, cfg.fl.rounds + 1):
+            _round(run, r, cfg, comm, folder, log, stop, progress)
+        _finish(run, cfg, comm, folder, log, stop, record)
+    finally:
+        run.trackers.close()
     return folder
 
 
@@ -328,7 +334,8 @@ def _resume(cfg: Config, comm: Comm, folder: Path, log: Log, progress: dict) -> 
     skipped = SkippedRows(folder, world.evaluation.store.errors, _owners(world.engine.clients),
                           main, lambda msg: oplog("skipped", message=msg))
     run = _Attempt(world, world.initial_state, [], 1, oplog, skipped, t_start,
-                   Clock(cfg.fl.rounds), Performance.of(world))
+                   Clock(cfg.fl.rounds), Performance.of(world),
+                   Trackers((), folder, {}))  # opened by _train, with the recorded config
     world.ledger.attach(folder, main)
     world.ledger.resume(ckpt)
     if ckpt is not None:  # checkpoints hold host tensors; the state lives on the model's device
@@ -374,6 +381,7 @@ def _round(run: _Attempt, r: int, cfg: Config, comm: Comm, folder: Path, log: Lo
     run.clock.tick()
     run.perf.add_round(out.operator)
     log(progress_line(r, rounds, out.row, evaluated), screen=run.clock.line())
+    run.trackers.log_round(r, out.row)  # the released row, nothing of the operator's
     run.oplog("round", round=r, **out.operator)
     facts = out.operator
     if facts.get("trained", 0) - facts.get("nonfinite", 0) < 1:
@@ -422,6 +430,7 @@ def _finish(run: _Attempt, cfg: Config, comm: Comm, folder: Path, log: Log, stop
         if record.privacy.secure_mode:  # the drawn seed is no part of the record
             final.update(seed=None, config_json=json.dumps(to_dict(record), sort_keys=True))
         write_rows(folder / "final.parquet", [final])
+        run.trackers.log_final(rounds, final)
         write_status(folder, "done", rounds, rounds)
         log(f"done: WER {final.get('wer', float('nan')):.4f}, epsilon {final['epsilon']:.3g} "
             f"[{world.ledger.to_json()['guarantee']}] -> {folder}")
