@@ -33,6 +33,7 @@ COMMANDS: dict[str, str] = {
     "make-corpus": "synthetic multilingual corpus (MLS layout)",
     "pretrain": "central public pretraining of a tiny model",
     "audit": "the privacy audit of a run folder",
+    "export": "a run's LoRA as a PEFT adapter (+ safetensors, model card)",
     "dump-config": "print the resolved config",
 }
 
