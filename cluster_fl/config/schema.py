@@ -58,7 +58,7 @@ class ModelConfig:
     """``checkpoint``: the connector as ``model.checkpoint`` holds it. ``fresh``: re-initialise it
     (PyTorch's default init, seed ``connector_seed``) after loading a pretrained (LoRA-free)
     checkpoint -- the paper's starting point, a new projector between a pretrained encoder and a
-    pretrained LLM that the federated stage has to learn (issue 14)."""
+    pretrained LLM that the federated stage has to learn."""
     connector_seed: int | None = None
     """Seed of the ``fresh`` connector init. ``null`` (default): the run's seed (``run.seed``; 0
     for a secure-mode run), so the seeds of a study start from different connectors and its
@@ -508,7 +508,7 @@ class PretrainConfig:
     ``separate``: the paper's starting point -- the encoder trains on CTC (audio of the public
     speakers), then the decoder trains alone as a character LM on their transcripts; the
     connector keeps its random init and the decoder never sees audio, so the federated stage
-    has to learn the speech-to-LLM mapping (issue 14)."""
+    has to learn the speech-to-LLM mapping."""
     heldout_speakers: int = 8
     """Public speakers per language held out to measure WER during pretraining. Per-speaker WER
     spreads widely (SD ~0.19 between voices), so 2 per language made a yardstick that moved by
