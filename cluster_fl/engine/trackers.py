@@ -77,9 +77,10 @@ class _WandB:
         except ImportError:
             raise _missing("wandb") from None
         (root / "wandb").mkdir(parents=True, exist_ok=True)
+        mode: Any = os.environ.get("WANDB_MODE", "offline")  # never online unless asked
         self.run = wandb.init(project=experiment, name=run, id=_wandb_id(run), resume="allow",
                               dir=str(root), config=flatten(config),
-                              mode=os.environ.get("WANDB_MODE", "offline"),
+                              mode=mode,
                               settings=wandb.Settings(console="off", x_disable_stats=True,
                                                       x_disable_meta=True))
 
