@@ -69,6 +69,16 @@ def test_the_performance_summary_splits_the_rounds_time_by_phase():
     assert Performance().summary() == []
 
 
+def test_a_private_run_counts_the_public_expected_cohort_never_the_realised_one():
+    perf = Performance(private=True)
+    for trained in (23, 26):  # the realised cohorts: exact, released only noised
+        perf.add_round({"trained": trained, "wall_s": 10.0, "t_clients": 9.0},
+                       {"denominator": 24.0})
+    line = perf.summary()[0]
+    assert "48 expected client updates (the public cohort size q·N)" in line
+    assert "49" not in line and "2.4 updates/s" in line
+
+
 def test_flops_count_encoder_frames_and_decoder_positions():
     class Model:
         class connector:

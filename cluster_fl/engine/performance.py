@@ -10,7 +10,10 @@ with N the encoder's parameters for each encoder frame and the decoder's for eac
 position (audio tokens, prompt and transcript). Padded rows count: the device did that work.
 
 Every figure here is an exact timing of the clients' work: it goes to the screen and the
-operator log, never to the run folder (DESIGN §13).
+operator log, never to the run folder (DESIGN §13). What the run folder releases only noised is
+not shown exactly on the screen either: in a private run the number of client updates is the
+public expected count (the rounds' denominators, q·N), not the realised cohorts, whose sizes
+the folder releases noised.
 """
 
 from __future__ import annotations
@@ -77,11 +80,12 @@ class Performance:
     peak: float | None = None
     counter: FlopCounter | None = None
     rounds: int = 0
-    updates: int = 0
+    updates: float = 0.0
     wall_s: float = 0.0
     phases: dict[str, float] = field(default_factory=lambda: {"client steps": 0.0, "noise": 0.0,
                                                                "secure sum": 0.0})
     evaluation_s: float = 0.0
+    private: bool = False  # count the public expected cohort, not the realised one
 
     @classmethod
     def of(cls, world: Any) -> "Performance":
@@ -92,12 +96,18 @@ class Performance:
         runner = getattr(getattr(world, "engine", None), "runner", None)
         if runner is not None:
             runner.flop_counter = counter
-        return cls(device=name, peak=peak, counter=counter)
+        cfg = getattr(world, "cfg", None)
+        private = getattr(getattr(cfg, "privacy", None), "mechanism", "none") != "none"
+        return cls(device=name, peak=peak, counter=counter, private=private)
 
-    def add_round(self, facts: Mapping[str, Any]) -> None:
-        """One round's operator facts (``wall_s``, ``trained``, ``t_clients``, ``t_noise``, ``t_sum``)."""
+    def add_round(self, facts: Mapping[str, Any], row: Mapping[str, Any] | None = None) -> None:
+        """One round's operator facts (``wall_s``, ``trained``, ``t_clients``, ``t_noise``,
+        ``t_sum``) and its released row (the public ``denominator`` a private run counts)."""
         self.rounds += 1
-        self.updates += int(facts.get("trained", 0))
+        if self.private:
+            self.updates += float((row or {}).get("denominator") or 0.0)
+        else:
+            self.updates += int(facts.get("trained", 0))
         self.wall_s += float(facts.get("wall_s", 0.0))
         for key, name in (("t_clients", "client steps"), ("t_noise", "noise"), ("t_sum", "secure sum")):
             self.phases[name] += float(facts.get(key, 0.0))
@@ -112,8 +122,10 @@ class Performance:
         shares["other"] = max(0.0, total - sum(shares.values()))
         share_text = ", ".join(f"{name} {100 * t / total:.0f}%" for name, t in shares.items()
                                if total > 0)
-        lines = [f"performance: {self.rounds} rounds, {self.updates} client updates on this rank's "
-                 f"lane in {self.wall_s:.1f} s: {rate:.3g} updates/s",
+        what = ("expected client updates (the public cohort size q·N)" if self.private
+                else "client updates on this rank's lane")
+        lines = [f"performance: {self.rounds} rounds, {self.updates:.0f} {what} in "
+                 f"{self.wall_s:.1f} s: {rate:.3g} updates/s",
                  f"performance: time in {share_text}"]
         steps_s = self.phases["client steps"]
         if self.counter is not None and self.counter.flops and steps_s > 0:

@@ -379,7 +379,7 @@ def _round(run: _Attempt, r: int, cfg: Config, comm: Comm, folder: Path, log: Lo
             evaluated = wer_text(summary)  # readable where diagnostics are not
     run.rows.append(out.row)
     run.clock.tick()
-    run.perf.add_round(out.operator)
+    run.perf.add_round(out.operator, out.row)  # a private run counts the public cohort
     log(progress_line(r, rounds, out.row, evaluated), screen=run.clock.line())
     run.trackers.log_round(r, out.row)  # the released row, nothing of the operator's
     run.oplog("round", round=r, **out.operator)
