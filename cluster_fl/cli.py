@@ -92,7 +92,7 @@ def bound_openmp_spin(env: MutableMapping[str, str]) -> bool:
     unless the user set a wait policy; True when it set the cap. libgomp reads it when torch
     loads, so :func:`main` calls this first; the ranks and jobs it starts inherit it. With a
     core taken by another process, 2-thread pretraining spent its time spinning: 150 steps took
-    221 s at libgomp's default, 90 s capped, 33 s vs 32.7 s on an idle machine (LOG, session 14).
+    221 s at libgomp's default, 90 s capped, 33 s vs 32.7 s on an idle machine (LOG, 2026-12-05).
     """
     if "OMP_WAIT_POLICY" in env or "GOMP_SPINCOUNT" in env or "torch" in sys.modules:
         return False

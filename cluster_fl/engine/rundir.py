@@ -60,14 +60,14 @@ _BOOKKEEPING = RESUME_TOLERATED | {("run", "experiment"), ("run", "run_id"),
                                    ("run", "checkpoint_every")}
 # files and folders enter the id by their last name only: the same corpus and checkpoint under
 # another home or scratch folder is the same run, with the same id and so the same research noise
-# (the demo printed another table for every $HOME until session 14)
+# (the demo printed another table for every $HOME until 2026-12-05)
 _PATH_KEYS = {("data", "corpus"), ("data", "feature_cache"), ("model", "checkpoint"),
               ("model", "encoder_path"), ("model", "decoder_path"), ("model", "tokenizer_path"),
               ("pretrain", "out")}
 # keys added after runs existed: left out of the id at their default, so old ids stay valid
 _NEW_AT_DEFAULT = {("model", "dtype"): "float32", ("privacy", "grouping"): "matrix",
                    ("pretrain", "mode"): "joint", ("model", "connector_init"): "checkpoint",
-                   ("model", "connector_seed"): None}  # null: the run's seed (issue 27)
+                   ("model", "connector_seed"): None}  # null: the run's seed
 
 
 def path_names(tree: dict[str, Any]) -> dict[str, Any]:

@@ -110,7 +110,7 @@ def _check_existing(folder: Path, cfg: Config) -> None:
 def dump_stacks_on_fatal_signal() -> bool:
     """A fatal signal in native code (a compiled kernel, a library) ends the process before any
     Python handler runs: have it dump every thread's Python stack to stderr (the job's log)
-    first, so the crash names its layer and op (session 18's segfault in an inductor kernel left
+    first, so the crash names its layer and op (the 2026-12-05 segfault in an inductor kernel left
     a log that ended at the run's header). False where stderr is not a file (a notebook)."""
     if faulthandler.is_enabled():
         return True

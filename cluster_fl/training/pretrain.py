@@ -13,7 +13,7 @@ slow. ``pretrain.minutes`` is then only a cap per invocation: when it runs out b
 budget, the unfinished checkpoint is saved and the command fails with a message; run it again to
 resume (the resumed result equals one uninterrupted run). With ``pretrain.steps: 0`` the budget
 is ``pretrain.minutes`` of wall clock, whose checkpoint depends on the machine's speed and load
-(the default before issue 27; a warning says so).
+(the default before the pre-registered study; a warning says so).
 With ``pretrain.mode: separate`` the second phase trains only the decoder, as a character LM on
 the public transcripts (no audio), and the connector keeps its random init: the stand-in for a
 speech encoder and an LLM pretrained apart, which the federated stage then joins (the paper's

@@ -266,7 +266,7 @@ MUTANTS: list[Mutant] = [
     Mutant("peers-compared-in-fp32-only", "bench/peers/run.py",
            (('        return ["fp32", "bf16"] if device == "cpu" else ["bf16"]',
              '        return ["fp32"] if device == "cpu" else ["bf16"]'),),
-           ("tests/bench/test_peers_smoke.py::test_default_matrix_is_issue_13s",),
+           ("tests/bench/test_peers_smoke.py::test_default_matrix_is_the_benchmarks",),
            "the peers run only in fp32 on a CPU, where their bf16 loop can be faster: the "
            "ratio is against a handicapped peer"),
     Mutant("peers-unequal-local-steps", "bench/peers/common.py",

@@ -1,4 +1,4 @@
-"""The four promises the hostile-user probe (issue 28) found broken, with real processes and files.
+"""The four promises the hostile-user probe found broken, with real processes and files.
 
 1. Two SIGTERMs during the final evaluation -- the second one inside the write of the
    ``preempted`` status (deterministic), or 0.2 s after the first (from outside) -- end with
