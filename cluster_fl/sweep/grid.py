@@ -305,12 +305,27 @@ def submit(grid: Grid, specs: Sequence[RunSpec], cluster: str, train_fn: TrainFn
                           "submitted": time.strftime("%Y-%m-%dT%H:%M:%S"),
                           "log": str(job.paths.stderr)}
             for (group, _), job in zip(chunk_units, chunk) for spec in group})
+        link_logs(grid, chunk_units, chunk)
         jobs.extend(chunk)
         # debug jobs run only when their result is asked for; local waves throttle the machine
         more = start + wave < len(units)
         if wait or cluster == "debug" or (cluster == "local" and more):
             failed.update(wait_for_runs(grid, chunk_specs, chunk, cluster, poll_s))
     return jobs, failed
+
+
+def link_logs(grid: Grid, units: Sequence[tuple[Sequence[RunSpec], Any]], jobs: Sequence[Any]) -> None:
+    """``.grid/logs/<run_id>.err`` / ``.out``: links named after each run to its job's log files
+    (a packed task's runs share one), so a run's log is found by its name."""
+    folder = grid.root / ".grid" / "logs"
+    folder.mkdir(parents=True, exist_ok=True)
+    for (group, _), job in zip(units, jobs):
+        for spec in group:
+            for suffix, target in ((".err", job.paths.stderr), (".out", job.paths.stdout)):
+                link = folder / f"{spec.run_id}{suffix}"
+                if link.is_symlink() or link.exists():
+                    link.unlink()
+                link.symlink_to(Path(target).name)  # relative: the folder can move
 
 
 def wait_for_runs(grid: Grid, specs: Sequence[RunSpec], jobs: Sequence[Any], cluster: str,

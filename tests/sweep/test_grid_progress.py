@@ -37,6 +37,8 @@ def test_grid_wait_reports_progress_and_ends_with_a_summary_and_logs_have_a_read
     for run_id, record in status.read_registry(grid).items():
         log = status.job_log(grid, record)
         assert log is not None and log.parent == grid.root / ".grid" / "logs", (run_id, record)
+        named = grid.root / ".grid" / "logs" / f"{run_id}.err"  # found by the run's name
+        assert named.is_symlink() and named.resolve() == log.resolve()
 
 
 def test_status_shows_round_eta_and_epsilon_of_a_running_run_and_the_wer_of_a_done_one(
