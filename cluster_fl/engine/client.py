@@ -22,6 +22,7 @@ from cluster_fl.config import ClientConfig, FLConfig
 from cluster_fl.distributed.parallelize import LaneLayout, Placement
 from cluster_fl.engine.batched import local_steps, lr_at, train_block
 from cluster_fl.groups import GroupSpec
+from cluster_fl.models.speech_llm import host_list
 from cluster_fl.seeding import derive_seed, generator
 
 TensorBatch = Mapping[str, object]  # features, lengths, texts, languages (one padded batch)
@@ -177,7 +178,7 @@ class ClientRunner:
         get = batch.get if isinstance(batch, Mapping) else (lambda k: getattr(batch, k, None))
         lengths, texts = get("lengths"), get("texts")
         if isinstance(lengths, torch.Tensor) and lengths.is_cpu and texts is not None:
-            self.flop_counter.count(lengths.tolist(), texts)
+            self.flop_counter.count(host_list(lengths), texts)  # through numpy: no sync
 
     def train_cohort(self, clients: Iterable[tuple[int, Sequence[object]]],
                      global_state: Mapping[str, torch.Tensor], round_: int) -> Iterator[ClientUpdate]:
