@@ -310,6 +310,7 @@ def _train(cfg: Config, comm: Comm, folder: Path, log: Log, stop: StopFlag,
     try:  # the recorded config: a secure run's drawn seed is no part of it
         run.trackers = Trackers(cfg.run.report_to, folder, to_dict(record), enabled=comm.rank == 0)
         stop.set_immediate(False)  # from here a signal stops at the end of the round
+        run.clock = Clock(cfg.fl.rounds, done=run.start_round - 1)  # this attempt's rounds
         for r in range(run.start_round, cfg.fl.rounds + 1):
             _round(run, r, cfg, comm, folder, log, stop, progress)
         _finish(run, cfg, comm, folder, log, stop, record)
@@ -345,7 +346,6 @@ def _resume(cfg: Config, comm: Comm, folder: Path, log: Log, progress: dict) -> 
         run.start_round = ckpt["round"] + 1
         progress["checkpoint_round"] = ckpt["round"]
         log(f"resumed from round {ckpt['round']}")
-    run.clock = Clock(cfg.fl.rounds, done=run.start_round - 1)  # the ETA of this attempt's rounds
     if world.ledger.started >= run.start_round:
         oplog("resume", checkpoint_round=run.start_round - 1, rounds_started=world.ledger.started,
               charged=world.ledger.rounds, secure=world.ledger.secure)
