@@ -12,7 +12,8 @@ TensorBoard or MLflow.
 Each tracker writes under ``<out>/<experiment>/.trackers/``: TensorBoard to
 ``tensorboard/<run_id>`` (``tensorboard --logdir .../.trackers/tensorboard`` compares runs),
 W&B to ``wandb/`` (offline unless ``WANDB_MODE`` says otherwise; project = experiment, name =
-run id), MLflow to ``mlruns/`` unless ``MLFLOW_TRACKING_URI`` is set. Only rank 0 reports.
+run id), MLflow to ``mlflow.db`` (:func:`mlflow_uri`) unless ``MLFLOW_TRACKING_URI`` is set.
+Only rank 0 reports.
 """
 
 from __future__ import annotations
@@ -99,7 +100,7 @@ class _MLflow:
             raise _missing("mlflow") from None
         self.mlflow = mlflow
         if not os.environ.get("MLFLOW_TRACKING_URI"):
-            mlflow.set_tracking_uri((root / "mlruns").resolve().as_uri())
+            mlflow.set_tracking_uri(mlflow_uri(root))
         mlflow.set_experiment(experiment)
         self.active = mlflow.start_run(run_name=run)
         mlflow.log_params({k: str(v)[:500] for k, v in flatten(config).items()})
@@ -110,6 +111,18 @@ class _MLflow:
 
     def close(self) -> None:
         self.mlflow.end_run()
+
+
+def mlflow_uri(root: Path) -> str:
+    """Where MLflow records a run when ``MLFLOW_TRACKING_URI`` is not set: a SQLite database
+    under ``root`` (``mlflow.db``), or, where SQLAlchemy is missing (``mlflow-skinny``), its
+    file store ``root/mlruns`` (which MLflow 3 serves only when asked to)."""
+    try:
+        import sqlalchemy  # noqa: F401  (MLflow's database stores need it)
+    except ImportError:
+        os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        return (Path(root) / "mlruns").resolve().as_uri()
+    return f"sqlite:///{(Path(root) / 'mlflow.db').resolve()}"
 
 
 def _wandb_id(run: str) -> str:

@@ -16,7 +16,7 @@ from engine_helpers import tiny_config
 from cluster_fl.config import load_config
 from cluster_fl.engine.rundir import run_id
 from cluster_fl.engine.train import run_training
-from cluster_fl.engine.trackers import released_values
+from cluster_fl.engine.trackers import mlflow_uri, released_values
 from cluster_fl.errors import UserError
 
 OPERATOR_FACTS = ("cohort", "trained", "nonfinite", "skipped", "wall_s", "t_clients", "t_noise",
@@ -105,7 +105,7 @@ def test_mlflow_holds_the_released_values_where_it_is_installed(tiny_corpus, tmp
     from mlflow.tracking import MlflowClient
 
     folder = run_training(tiny_config(tiny_corpus, tmp_path, "run.report_to=mlflow"))
-    client = MlflowClient(tracking_uri=(folder.parent / ".trackers" / "mlruns").as_uri())
+    client = MlflowClient(tracking_uri=mlflow_uri(folder.parent / ".trackers"))
     run = client.search_runs([client.get_experiment_by_name(folder.parent.name).experiment_id])[0]
     history = client.get_metric_history(run.info.run_id, "round.epsilon")
     rows = pq.read_table(folder / "rounds.parquet").to_pylist()
