@@ -49,12 +49,13 @@ def main() -> int:
     import torch
 
     from cluster_fl.config import load_config
+    from cluster_fl.models.registry import resolve_shapes  # a benchmark is a run's entrance
     from cluster_fl.distributed.parallelize import parallelize
     from cluster_fl.eval import transcribe
     from cluster_fl.models import build_model
 
     torch.set_num_threads(args.threads)
-    cfg = load_config(args.config, args.overrides)
+    cfg = resolve_shapes(load_config(args.config, args.overrides))
     torch.manual_seed(args.seed)
     model = build_model(cfg.model).eval()
     placement = parallelize(model, cfg.model, torch.device("cpu"))

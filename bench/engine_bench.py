@@ -39,8 +39,9 @@ def corpus(work: Path, speakers: int) -> Path:
 
 def config(corpus_dir: Path, work: Path, **over):
     from cluster_fl.config import load_config, override
+    from cluster_fl.models.registry import resolve_shapes  # a benchmark is a run's entrance
 
-    cfg = load_config(ROOT / "cluster_fl" / "assets" / "demo.yaml")
+    cfg = resolve_shapes(load_config(ROOT / "cluster_fl" / "assets" / "demo.yaml"))
     base = {"data.corpus": str(corpus_dir), "data.languages": ["en", "de"],
             "fl.max_local_steps": 2, "fl.batch_size": 8, "fl.sampling": "fixed",
             "run.out": str(work / "runs"), "run.threads": 1, "eval.max_utterances": 4,

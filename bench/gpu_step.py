@@ -164,6 +164,7 @@ def speed(args: argparse.Namespace) -> dict:
 
     from cluster_fl.config import load_config
     from cluster_fl.data import make_corpus
+    from cluster_fl.models.registry import resolve_shapes  # a benchmark is a run's entrance
     from cluster_fl.distributed import LocalComm
     from cluster_fl.engine import setup
 
@@ -178,13 +179,13 @@ def speed(args: argparse.Namespace) -> dict:
     out = {"clients_per_round": args.clients, "rounds": args.rounds, "dtype": args.dtype}
     for variant in args.variants.split(","):
         k, compiled = int(variant.rstrip("c")), variant.endswith("c")
-        cfg = load_config(ROOT / "cluster_fl" / "assets" / "demo.yaml", [
+        cfg = resolve_shapes(load_config(ROOT / "cluster_fl" / "assets" / "demo.yaml", [
             f"data.corpus={corpus}", "data.languages=[en,de]", f"run.out={work / 'runs'}",
             f"fl.clients_per_round={args.clients}", "fl.sampling=fixed", "fl.max_local_steps=4",
             "fl.batch_size=8", f"run.device={args.device}", f"model.dtype={args.dtype}",
             f"model.compile={str(compiled).lower()}", f"fl.clients_per_step={k}",
             "fl.rows_per_pass=0", "model.checkpoint=null", "model.connector_init=checkpoint",
-            *(STUDY_HEAVY if args.study else [])])
+            *(STUDY_HEAVY if args.study else [])]))
         world = setup.build_world(cfg, LocalComm(), lambda m: None)
         state = world.initial_state
         t = time.perf_counter()

@@ -35,6 +35,7 @@ def main() -> int:
     import torch
 
     from cluster_fl.config import load_config
+    from cluster_fl.models.registry import resolve_shapes  # a benchmark is a run's entrance
     from cluster_fl.data import make_corpus
     from cluster_fl.data.corpus import default_corpus
     from cluster_fl.models.build import build_base
@@ -45,7 +46,7 @@ def main() -> int:
     if not (corpus / "manifest.json").is_file():
         make_corpus(corpus, progress=False)
     torch.set_num_threads(args.threads)
-    cfg = load_config(REPO / "configs" / "pretrain.yaml", [f"data.corpus={corpus}"])
+    cfg = resolve_shapes(load_config(REPO / "configs" / "pretrain.yaml", [f"data.corpus={corpus}"]))
     examples = _load_public(cfg)
     order = batch_order([e.features.shape[-1] for e in examples], args.batch_size,
                         np.random.default_rng(0))

@@ -12,10 +12,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
 from typing import MutableMapping
 
-from cluster_fl.errors import UserError
+from cluster_fl.errors import PREEMPTED_EXIT, UserError
 from cluster_fl.malloc import reexec_with_malloc
 
 # command -> one-line help; the implementation is cluster_fl.commands.<command with _ for ->
@@ -100,7 +101,34 @@ def bound_openmp_spin(env: MutableMapping[str, str]) -> bool:
     return True
 
 
+def stop_before_start(signum: int, _frame: object) -> None:
+    """A stop signal before ``train`` has installed its own handlers (the interpreter and the
+    command's imports): nothing has started, nothing is lost -- exit 75 (resubmit), not 143."""
+    print(f"cluster-fl: stopped by {signal.Signals(signum).name} before the run started; "
+          "nothing to save, resubmit to run", file=sys.stderr, flush=True)
+    raise SystemExit(PREEMPTED_EXIT)
+
+
 def main(argv: list[str] | None = None) -> int:
+    args_in = sys.argv[1:] if argv is None else argv
+    previous = {}
+    if args_in[:1] == ["train"]:  # first thing: a SIGTERM from here on is a clean stop
+        for s in (signal.SIGTERM, signal.SIGUSR2):
+            try:
+                previous[s] = signal.signal(s, stop_before_start)
+            except ValueError:  # not the main thread: the caller owns the signals
+                pass
+    try:
+        return _main(argv)
+    finally:
+        # called in a process that goes on (a test): leave it as it was -- unless the command
+        # has since ignored the signal (a stopped run: a second SIGTERM must not end it)
+        for s, handler in previous.items():
+            if argv is not None and signal.getsignal(s) is stop_before_start:
+                signal.signal(s, handler)
+
+
+def _main(argv: list[str] | None) -> int:
     bound_openmp_spin(os.environ)
     if argv is None:  # the process's entry point (not a test calling main): a faster malloc
         try:

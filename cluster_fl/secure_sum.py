@@ -39,7 +39,9 @@ int64 two's complement values (wrapping in gloo and NCCL), and the tests check t
 from __future__ import annotations
 
 import hashlib
+import hmac
 import math
+import os
 import struct
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
@@ -173,7 +175,8 @@ class SecureSummer:
                  max_clients: int, bounds: float | Mapping[str, float], mode: str = "research",
                  seed: int = 0, integer_fields: Iterable[str] = (),
                  offset_bounds: Mapping[str, float] | None = None,
-                 device: torch.device | str = "cpu"):
+                 device: torch.device | str = "cpu", release_counts: bool = True,
+                 job_secret: bytes | None = None):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         ints = set(integer_fields)
@@ -181,6 +184,13 @@ class SecureSummer:
         if unknown:
             raise ValueError(f"integer_fields not in shapes: {sorted(unknown)}")
         self.mode, self.seed, self.frac_bits, self.max_clients = mode, seed, frac_bits, max_clients
+        # the per-field contribution counts (the overflow guard) summed with the values: exact,
+        # un-noised counts of the clients that contributed, which every rank would learn. A DP
+        # run does not send them: each client contributes at most once per field, so check_range
+        # with max_clients (every client of the run) already rules out an overflow, and this
+        # rank's own counts are checked before they are zeroed
+        self.release_counts = release_counts
+        self.job_secret = job_secret  # authenticates the pair keys' exchange (agree_pair_keys)
         self.fields: dict[str, Field] = {}
         offset = 0
         for name, shape in shapes.items():
@@ -360,7 +370,7 @@ class SecureSummer:
             raise ValueError(f"masks for round {round} stream {stream} were already used")
         self._used.add((round, stream))
         if self.mode == "secure" and comm.world_size > 1 and self._pair_keys is None:
-            self._pair_keys = _agree_pair_keys(comm)
+            self._pair_keys = agree_pair_keys(comm, self.job_secret)
         masked = self.masked_partial(comm.rank, comm.world_size, round, stream, record=record)
         comm.all_reduce_sum(masked, slow=True)  # waits for the slowest lane to finish training
         self.reset()
@@ -384,6 +394,13 @@ class SecureSummer:
         full = self._acc.to("cpu", copy=True)
         self._raise_faults(full[self._reduced:])
         masked = full[:self._reduced]
+        if not self.release_counts:
+            counts = masked[self.numel:]
+            if counts.numel() and int(counts.max()) > self.max_clients:
+                raise SecureSumRangeError(
+                    f"more than max_clients={self.max_clients} contributions to one field on "
+                    "this rank: the int64 sum may overflow")
+            counts.zero_()
         if self._offset is not None:  # int64 adds wrap like the masks; the range check bounds it
             masked += self._offset
         if self.mode != "plain" and world_size > 1:
@@ -393,6 +410,13 @@ class SecureSummer:
         if record:
             self.last_partial = {"masked": masked.clone(), "plain": self.partial()}
         return masked
+
+    def pair_keys(self, comm: Comm) -> dict[int, bytes]:
+        """Secure mode: the pair keys with every peer, agreed (authenticated) on first use.
+        Collective the first time."""
+        if self._pair_keys is None:
+            self._pair_keys = agree_pair_keys(comm, self.job_secret)
+        return self._pair_keys
 
     def key_fingerprints(self) -> dict[int, str]:
         """Secure mode: a short hash of each pair key by peer rank (tests: keys differ per run)."""
@@ -446,22 +470,85 @@ def _chacha_chunks(key: bytes, round: int, stream: int, n: int):
                                                                                     copy=False)
 
 
-def _agree_pair_keys(comm: Comm) -> dict[int, bytes]:
+class KeyAuthenticationError(UserError):
+    """A peer's public key does not carry the job secret's tag: not one of this job's processes
+    (or the wire was tampered with)."""
+
+
+def _key_tag(job_secret: bytes, rank: int, public: bytes) -> bytes:
+    return hmac.new(job_secret, b"cluster_fl x25519 v1" + struct.pack("<Q", rank) + public,
+                    hashlib.sha256).digest()
+
+
+def agree_pair_keys(comm: Comm, job_secret: bytes | None = None) -> dict[int, bytes]:
     """X25519 with every peer (keypairs from the OS CSPRNG, public keys all-gathered), then
-    HKDF-SHA256 bound to the ordered pair and both public keys. Returns {peer rank: 32-byte key}."""
+    HKDF-SHA256 bound to the ordered pair and both public keys. Returns {peer rank: 32-byte key}.
+
+    ``job_secret`` (a secret only the job's processes can read: the engine's is a 0600 file
+    beside the operator log) authenticates the public keys: each travels with an HMAC-SHA256 tag
+    under it, checked before use, so a party on the wire cannot put its own key in the middle.
+    Without one (library use, tests) the keys are exchanged unauthenticated."""
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
     from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
     private = X25519PrivateKey.generate()
     raw = serialization.Encoding.Raw, serialization.PublicFormat.Raw
-    publics = comm.all_gather_object(private.public_key().public_bytes(*raw))
+    mine = private.public_key().public_bytes(*raw)
+    tag = _key_tag(job_secret, comm.rank, mine) if job_secret is not None else b""
+    gathered = comm.all_gather_object((mine, tag))
+    publics = [bytes(pub) for pub, _ in gathered]
     keys: dict[int, bytes] = {}
     for peer, pub in enumerate(publics):
         if peer == comm.rank:
             continue
+        if job_secret is not None and not hmac.compare_digest(
+                bytes(gathered[peer][1]), _key_tag(job_secret, peer, pub)):
+            raise KeyAuthenticationError(
+                f"rank {peer}'s public key fails its job-secret tag: not a process of this job "
+                "(or the interconnect was tampered with); the secure sum stops here")
         shared = private.exchange(X25519PublicKey.from_public_bytes(pub))
         lo, hi = min(comm.rank, peer), max(comm.rank, peer)
         info = b"cluster_fl secure sum v1" + struct.pack("<QQ", lo, hi) + publics[lo] + publics[hi]
-        keys[peer] = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(shared)
+        keys[peer] = HKDF(algorithm=hashes.SHA256(), length=32, salt=job_secret,
+                          info=info).derive(shared)
     return keys
+
+
+def share_from_rank0(comm: Comm, pair_keys: Mapping[int, bytes], value: bytes | None,
+                     purpose: str) -> bytes:
+    """Rank 0's ``value`` (a key, a seed) handed to every rank, each rank's copy encrypted and
+    authenticated under a key derived from its pair key with rank 0 (ChaCha20-Poly1305, a fresh
+    nonce, the purpose and the rank as associated data): nothing of it crosses the wire in plain,
+    and a rank reads only its own copy. Collective."""
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+    def box_key(pair_key: bytes) -> bytes:  # not the masks' key itself: one key, one use
+        return HKDF(algorithm=hashes.SHA256(), length=32, salt=None,
+                    info=b"cluster_fl box v1|" + purpose.encode()).derive(pair_key)
+
+    def aad(rank: int) -> bytes:
+        return purpose.encode() + struct.pack("<Q", rank)
+
+    if comm.world_size == 1:
+        if value is None:
+            raise ValueError("rank 0 shares a value")
+        return value
+    boxes: dict[int, bytes] | None = None
+    if comm.rank == 0:
+        if value is None:
+            raise ValueError("rank 0 shares a value")
+        boxes = {}
+        for peer in range(1, comm.world_size):
+            nonce = os.urandom(12)
+            boxes[peer] = nonce + ChaCha20Poly1305(box_key(pair_keys[peer])).encrypt(
+                nonce, value, aad(peer))
+    boxes = comm.broadcast_object(boxes)
+    if comm.rank == 0:
+        assert value is not None
+        return value
+    assert boxes is not None
+    box = boxes[comm.rank]
+    return ChaCha20Poly1305(box_key(pair_keys[0])).decrypt(box[:12], box[12:], aad(comm.rank))

@@ -209,3 +209,110 @@ def test_no_import_cycle_in_the_package():
         if m not in state:
             visit(m, [m])
     assert cycles == []
+
+
+# the entrances of a run, the only modules that resolve a config (models.registry.resolve_shapes):
+# everything below them is handed the resolved config
+RESOLVER_CALLERS = {"cluster_fl/commands/__init__.py", "cluster_fl/sweep/gridspec.py",
+                    "cluster_fl/engine/train.py", "cluster_fl/models/registry.py"}
+
+
+def _calls(tree: ast.Module, name: str) -> list[int]:
+    return [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Call)
+            and ((isinstance(n.func, ast.Name) and n.func.id == name)
+                 or (isinstance(n.func, ast.Attribute) and n.func.attr == name))]
+
+
+def test_the_config_is_resolved_only_at_the_entrance_of_a_run():
+    offenders = [f"{path}:{line}" for path, tree in _modules() if path not in RESOLVER_CALLERS
+                 for line in _calls(tree, "resolve_shapes")]
+    assert offenders == []
+    train = ast.parse((PACKAGE / "engine" / "train.py").read_text())
+    assert len(_calls(train, "resolve_shapes")) == 1  # run_training, once
+    assert _calls(ast.parse("x = registry.resolve_shapes(cfg)\nresolve_shapes(c)\n"),
+                  "resolve_shapes") == [1, 2]
+
+
+def _all_edges() -> dict[str, set[str]]:
+    """module -> the package modules it imports anywhere (lazy imports inside functions and
+    ``TYPE_CHECKING`` blocks included): the house's real dependencies."""
+    names = {}
+    for p in sorted(PACKAGE.rglob("*.py")):
+        rel = p.relative_to(PACKAGE.parent).with_suffix("")
+        parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+        names[".".join(parts)] = p
+    edges = {}
+    for mod, path in names.items():
+        targets = {m for m in _imports(ast.parse(path.read_text(), str(path))) if m in names}
+        edges[mod] = {t for t in targets if t != mod and not mod.startswith(t + ".")}
+    return edges
+
+
+def _circles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(edges.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_circle_even_through_lazy_imports():
+    """A lazy import does not break at import time, but it is still a circle in the house's map
+    (grid and pack once imported each other for a requeue helper)."""
+    assert _circles(_all_edges()) == []
+    assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+MAX_MODULE_LINES = 600
+
+
+def test_no_module_over_600_lines():
+    long = [f"{p.relative_to(PACKAGE.parent)}: {n}" for p in sorted(PACKAGE.rglob("*.py"))
+            if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES]
+    assert long == []
+
+
+# ARCHITECTURE.md's table "what each room may import", room by room (layer 0 below everyone)
+LAYER0 = {p for p, layer in LAYERS.items() if layer == 0}
+MAY_IMPORT = {
+    "sweep": {"engine", "sizing", "models", "distributed"},
+    "report": {"sweep", "engine", "privacy", "eval"},
+    "audit": {"engine", "privacy", "secure_sum", "models", "data", "eval"},
+    "engine": {"privacy", "models", "data", "eval", "secure_sum", "distributed"},
+    "training": {"engine", "privacy", "models", "data", "eval", "distributed"},
+    "sizing": {"models", "distributed"},
+    "eval": {"data", "models"},
+    "secure_sum": {"distributed"},
+    "privacy": set(), "models": set(), "data": set(), "distributed": set(),
+}
+
+
+def test_each_room_imports_only_what_its_line_in_the_architecture_allows():
+    bad = [f"{path} imports cluster_fl.{theirs}" for path, mine, theirs in _edges()
+           if mine in MAY_IMPORT and theirs not in MAY_IMPORT[mine] | LAYER0]
+    assert bad == []
+    assert set(MAY_IMPORT) | LAYER0 | {"cli", "__main__", "commands"} == set(LAYERS)

@@ -129,10 +129,11 @@ def cluster_config(work: Work, privacy: str, clients_per_step: int = 1):
     """The cluster_fl config of this work: DP = flat clipping + Gaussian noise + secure sum;
     FedAvg = no mechanism, plain sum."""
     from cluster_fl.config import load_config, override
+    from cluster_fl.models.registry import resolve_shapes  # a benchmark is a run's entrance
 
     if privacy not in PRIVACY:
         raise ValueError(f"privacy must be one of {PRIVACY}, not {privacy!r}")
-    cfg = load_config(ROOT / "cluster_fl" / "assets" / "demo.yaml")
+    cfg = resolve_shapes(load_config(ROOT / "cluster_fl" / "assets" / "demo.yaml"))
     over: dict[str, Any] = {
         "data.corpus": str(corpus(work)), "data.languages": list(LANGUAGES),
         "fl.clients_per_round": work.clients, "fl.sampling": "fixed",

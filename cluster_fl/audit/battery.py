@@ -233,11 +233,11 @@ def release_cells(rec: Recording, s: Settings) -> tuple[dict[str, dict], dict | 
         noise, source = measured_noise(rec, s)
         if noise is None:
             std = float(np.nanmean(r["noise_std"])) if np.isfinite(r["noise_std"]).any() \
-                else p.noise_multiplier * p.clip_norm
+                else p.sigma * p.clip_norm
             noise = np.random.default_rng(s.seed).normal(0, std, (len(r["rounds"]), sum(sizes)))
         trials = max(s.cfg.audit.canaries, 2)
         kw = dict(thresholds=[thr[g] for g in names], sizes=sizes, trials=trials,
-                  sigma=p.noise_multiplier, clip_norm=p.clip_norm, delta=p.delta,
+                  sigma=p.sigma, clip_norm=p.clip_norm, delta=p.delta,
                   alpha=s.family_alpha, accountant=p.accountant, noise_source=source,
                   seed=s.seed)
         res = run_canaries(noise, **kw)
@@ -372,7 +372,7 @@ def encoder_pool_sigma(cfg: Config, groups: list[dict]) -> tuple[str | None, flo
     except (ConfigError, ValueError, OSError):
         return None, None
     pool = policy.pool_of()[encoder[0]]
-    return pool, effective_noise_multipliers(policy, cfg.privacy.noise_multiplier)[0][pool]
+    return pool, effective_noise_multipliers(policy, cfg.privacy.sigma)[0][pool]
 
 
 def _recorded(rec: Recording, name: str) -> bool:

@@ -86,7 +86,7 @@ class Recording:
 
 
 def _load(path: Path) -> Any:
-    return torch.load(path, map_location="cpu", weights_only=False)
+    return torch.load(path, map_location="cpu", weights_only=True)  # data, never code
 
 
 def _np(t: Any) -> np.ndarray:

@@ -37,8 +37,10 @@ PUBLIC = re.compile(r"^(round|rounds|denominator|epsilon|delta|diagnostics|diag_
                     r"alpha|seed|git_commit|config_json|run_id|experiment|arch|method|"
                     r"freeze_encoder|guarantee)$")
 RECORD_FILES = ("rounds.parquet", "final.parquet", "eval.parquet", "log.txt", "status.json",
-                "privacy.json", "groups.json", "provenance.json", "skipped.json", "checkpoint")
-STATUS_KEYS = {"state", "round", "rounds", "updated", "host", "pid", "error"}
+                "privacy.json", "groups.json", "provenance.json", "skipped.json", "checkpoint",
+                "run.lock", "start.token")
+# "reason": why a run ended before fl.rounds (privacy.max_epsilon), a function of the config
+STATUS_KEYS = {"state", "round", "rounds", "updated", "host", "pid", "error", "reason"}
 _CLOCK = re.compile(r"\b\d{1,2}:\d{2}:\d{2}\b")
 _DURATION = re.compile(r"(?<![\w.])\d+(\.\d+)?\s?s\b")
 _CLIENTS = re.compile(r"\bclients (\d+)(?![\d.\s]*±)")  # a count shown without its ±
@@ -75,7 +77,7 @@ def scan_record(run_dir: str | Path, rows: list[dict[str, Any]] | None = None,
             import torch
 
             tables["checkpoint rows"] = list(torch.load(ckpt, map_location="cpu",
-                                                        weights_only=False).get("rows", []))
+                                                        weights_only=True).get("rows", []))
         except Exception:  # noqa: BLE001 - a damaged checkpoint is the resume's to refuse
             pass
     for name, table in tables.items():
@@ -86,15 +88,22 @@ def scan_record(run_dir: str | Path, rows: list[dict[str, Any]] | None = None,
                 found["timing"].append(f"{name}: column {col!r}")
     if (run_dir / "skipped.json").is_file():
         found["exact_counts"].append("skipped.json: unusable rows per client")
-    for name in ("privacy.json", "groups.json", "provenance.json"):
+    for name in ("privacy.json", "groups.json", "provenance.json", "run.lock", "start.token"):
         path = run_dir / name
         if path.is_file():
-            keys = _keys(json.loads(path.read_text()))
+            try:  # start.token is a bare token, not JSON; run.lock names its holder
+                keys = _keys(json.loads(path.read_text() or "{}"))
+            except ValueError:
+                keys = set()
+            if name == "run.lock" and "since" in keys:  # older versions: the attempt's start
+                found["timing"].append("run.lock: key 'since'")
             found["exact_counts"] += [f"{name}: key {k!r}" for k in sorted(keys & EXACT_FIELDS)]
             found["timing"] += [f"{name}: key {k!r}" for k in sorted(keys)
                                 if TIMING_FIELDS.search(k)]
     status = run_dir / "status.json"
     if status.is_file():
+        if "updated" in json.loads(status.read_text()):
+            found["timing"].append("status.json: key 'updated' (a time of day)")
         extra = set(json.loads(status.read_text())) - STATUS_KEYS
         found["exact_counts"] += [f"status.json: key {k!r}" for k in sorted(extra)]
     lines = log_lines if log_lines is not None else (

@@ -20,7 +20,8 @@ from typing import Any
 from cluster_fl.commands import add_report_arguments, print_report
 from cluster_fl.config import Config
 from cluster_fl.errors import UserError
-from cluster_fl.privacy.accounting import is_adaptive, ledger_for, noise_multiplier_for_epsilon
+from cluster_fl.privacy.accounting import (is_adaptive, ledger_for, noise_multiplier_for_epsilon,
+                                           resolve_noise_multiplier, side_noise_multiplier)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -52,8 +53,11 @@ def population_of(cfg: Config) -> int:
 
 def account_report(cfg: Config) -> dict[str, Any]:
     """The ``account --json`` object for ``cfg``."""
-    p = cfg.privacy
     population = population_of(cfg)
+    derived = cfg.privacy.noise_multiplier is None  # from the target, as train derives it
+    if derived:
+        cfg = resolve_noise_multiplier(cfg, population)
+    p = cfg.privacy
     ledger = ledger_for(cfg, population)
     ledger.step(rounds=cfg.fl.rounds)
     record = ledger.to_json()
@@ -69,11 +73,11 @@ def account_report(cfg: Config) -> dict[str, Any]:
                                                if is_adaptive(p) and p.adaptive_private
                                                else None),
                 "diagnostics_noise_multiplier": ledger.diagnostics_noise_multiplier,
-                "target_epsilon": p.target_epsilon, "noise_multiplier_for_target": None})
-    side = out["statistic_noise_multiplier"]  # every release besides the update, folded
-    z_d = ledger.diagnostics_noise_multiplier
-    if z_d is not None:
-        side = z_d if side is None else (side ** -2 + z_d ** -2) ** -0.5
+                "target_epsilon": p.target_epsilon, "noise_multiplier_for_target": None,
+                "noise_multiplier_derived": derived,
+                "neighbouring_relation": record["neighbouring_relation"],
+                "noise_tail": record["noise_tail"]})
+    side = side_noise_multiplier(cfg)  # every release besides the update, folded
     if p.target_epsilon is not None and record["guarantee"] != "none":
         if is_adaptive(p) and not p.adaptive_private:
             raise UserError("privacy.target_epsilon cannot be met: non-private adaptive "
@@ -100,9 +104,12 @@ def format_account(r: dict[str, Any]) -> str:
              f"sampling       {r['sampling']}, q = {r['sampling_rate']:.6g} "
              f"({r['clients_per_round']} of {r['population']} clients)",
              f"rounds         {r['rounds']}",
-             f"noise σ        {_num(r['noise_multiplier'])}",
+             f"noise σ        {_num(r['noise_multiplier'])}"
+             + (" (derived from privacy.target_epsilon)" if r.get("noise_multiplier_derived")
+                else ""),
              f"delta          {r['delta']:g}",
              f"epsilon        {_num(r['epsilon'])}   [guarantee: {r['guarantee']}]",
+             f"neighbouring   {r['neighbouring_relation']}",
              f"guarantee      {r['guarantee']}: {r['guarantee_note']}"]
     if r["statistic_noise_multiplier"] is not None:
         eff = r["events"][0]["effective_noise_multiplier"] if r["events"] else None

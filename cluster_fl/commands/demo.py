@@ -36,7 +36,8 @@ import sys
 import time
 from pathlib import Path
 
-from cluster_fl.config import load_config, override
+from cluster_fl.commands import load_checked
+from cluster_fl.config import override
 from cluster_fl.data.corpus import DEFAULT_FOLDER, default_cache
 from cluster_fl.engine.rundir import is_done, run_dir
 from cluster_fl.report.round0 import evaluate_round0
@@ -173,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--ranks: must be >= 1, got {ranks}")
     cache = (args.cache or default_cache()).expanduser()
     out = (args.out or cache / "results").expanduser()
-    cfg = load_config(DEMO_CONFIG, args.overrides)
+    cfg = load_checked(DEMO_CONFIG, args.overrides)  # the run's entrance: resolved once
     changes: dict = {"run.out": str(out)}
     langs = args.languages.split(",") if args.languages else list(cfg.data.languages)
     changes["data.languages"] = langs

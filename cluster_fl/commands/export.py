@@ -8,7 +8,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from cluster_fl.commands import load_checked
 from cluster_fl.engine.export import export_run
+from cluster_fl.errors import UserError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -17,6 +19,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    for path in export_run(Path(args.run), Path(args.out)):
+    recorded = Path(args.run) / "config.yaml"
+    if not recorded.is_file():
+        raise UserError(f"{args.run} is not a run folder (no config.yaml)")
+    for path in export_run(Path(args.run), Path(args.out), load_checked(str(recorded), [])):
         print(path)
     return 0

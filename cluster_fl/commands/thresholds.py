@@ -48,7 +48,7 @@ def thresholds_report(cfg: Config) -> dict[str, Any]:
     """The ``thresholds --json`` object for ``cfg``."""
     groups, notes = groups_of(cfg)
     policy = make_policy(cfg.privacy, groups)
-    sigma = cfg.privacy.noise_multiplier
+    sigma = cfg.privacy.sigma
     sig_pool, sig_group = effective_noise_multipliers(policy, sigma)
     table = policy.group_table()
     for row in table:

@@ -5,7 +5,8 @@ imports back, so the package has no import cycle."""
 
 from cluster_fl.config.checks import ConfigError
 from cluster_fl.config.load import (build_config, dump_config, load_config, override,
-                                    parse_override, to_dict, valid_keys, yaml_load)
+                                    parse_override, require_resolved, to_dict, valid_keys,
+                                    yaml_load)
 from cluster_fl.config.schema import (CLIPPING_METHODS, COMPONENTS, INSIDE_POOL_RULES, SECTIONS,
                                       AggregationConfig, AuditConfig, ClientConfig, Config,
                                       DataConfig, EvalConfig, FLConfig, ModelConfig,
@@ -15,5 +16,5 @@ __all__ = [
     "CLIPPING_METHODS", "COMPONENTS", "INSIDE_POOL_RULES", "SECTIONS", "AggregationConfig",
     "AuditConfig", "ClientConfig", "Config", "ConfigError", "DataConfig", "EvalConfig", "FLConfig",
     "ModelConfig", "PretrainConfig", "PrivacyConfig", "RunConfig", "build_config", "dump_config",
-    "load_config", "override", "parse_override", "to_dict", "valid_keys", "yaml_load",
+    "load_config", "override", "parse_override", "require_resolved", "to_dict", "valid_keys", "yaml_load",
 ]

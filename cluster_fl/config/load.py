@@ -57,19 +57,66 @@ _Loader.add_implicit_resolver(
     list("-+0123456789"))
 
 
-def yaml_load(text: str) -> Any:
-    """Parse YAML text as configs are read: ``safe_load`` plus numbers written ``1e-3``."""
-    return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+# Bounds on what a config may hold: a config is a few hundred short values, so
+# anything far past these is a mistake or an attack -- an alias bomb (9 aliases of 9 aliases ...
+# expand to 9^9 items when the config is copied), brackets nested 100,000 deep (the parser's
+# recursion), a value of megabytes, a folder name longer than the file system allows.
+MAX_CONFIG_BYTES = 1 << 20
+MAX_ITEMS = 100_000  # values and containers, counting each alias's expansion
+MAX_DEPTH = 32
+MAX_VALUE_CHARS = 4096
+
+
+def yaml_load(text: str, where: str = "CONFIG") -> Any:
+    """Parse YAML text as configs are read: ``safe_load`` plus numbers written ``1e-3``, within
+    the bounds above (a :class:`ConfigError` naming ``where`` past them)."""
+    if len(text) > MAX_CONFIG_BYTES:
+        raise ConfigError(where, f"{len(text):,} characters; a config holds at most "
+                          f"{MAX_CONFIG_BYTES:,}")
+    try:
+        tree = yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+    except RecursionError:
+        raise ConfigError(where, f"nested too deeply (at most {MAX_DEPTH} levels)") from None
+    except ValueError as exc:  # e.g. an integer of more digits than Python converts
+        raise ConfigError(where, f"a value cannot be read ({type(exc).__name__}: "
+                          f"{str(exc)[:120]})") from None
+    check_bounded(tree, where)
+    return tree
+
+
+def check_bounded(tree: Any, where: str = "CONFIG") -> None:
+    """Refuse a parsed config past :data:`MAX_ITEMS` (aliases counted as often as they are
+    used), :data:`MAX_DEPTH` or :data:`MAX_VALUE_CHARS` per value, without expanding it."""
+    items, stack = 0, [(tree, 0)]
+    while stack:
+        node, depth = stack.pop()
+        items += 1
+        if items > MAX_ITEMS:
+            raise ConfigError(where, f"more than {MAX_ITEMS:,} values (YAML aliases expand "
+                              "where they are used)")
+        if depth > MAX_DEPTH:
+            raise ConfigError(where, f"nested too deeply (at most {MAX_DEPTH} levels)")
+        if isinstance(node, (str, bytes)) and len(node) > MAX_VALUE_CHARS:
+            raise ConfigError(where, f"a value of {len(node):,} characters; at most "
+                              f"{MAX_VALUE_CHARS:,}")
+        if isinstance(node, Mapping):
+            stack.extend((v, depth + 1) for kv in node.items() for v in kv)
+        elif isinstance(node, (list, tuple, set)):
+            stack.extend((v, depth + 1) for v in node)
 
 
 def _load_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict:
+    longest = max((len(p.encode()) for p in str(path).split("/")), default=0)
+    if len(str(path).encode()) > 4096 or longest > 255:  # the OS's PATH_MAX / NAME_MAX
+        raise ConfigError("base" if seen else "CONFIG", f"a path of {len(str(path)):,} "
+                          "characters; too long for the file system")
     path = path.expanduser().resolve()
     if path in seen:
         raise ConfigError("base", f"circular inheritance through {path}")
     if not path.is_file():
         raise ConfigError("base" if seen else "CONFIG", f"file not found: {path}")
     try:
-        raw = yaml_load(path.read_text()) or {}
+        raw = yaml_load(path.read_text(), where=str(path)) or {}
     except yaml.YAMLError as exc:
         raise ConfigError("CONFIG", f"{path} is not valid YAML ({exc.__class__.__name__})") from None
     if not isinstance(raw, dict):
@@ -87,11 +134,13 @@ def parse_override(text: str) -> tuple[str, Any]:
     if "=" not in text:
         raise ConfigError(text, "overrides are written key=value, e.g. privacy.alpha=0.1")
     key, value = text.split("=", 1)
+    key = key.strip()
     try:
-        parsed = yaml_load(value) if value != "" else ""
+        parsed = yaml_load(value, where=key[:100]) if value != "" else ""
     except yaml.YAMLError:
         parsed = value
-    return key.strip(), parsed
+        check_bounded(parsed, key[:100])
+    return key, parsed
 
 
 def _seed_rule(tree: Mapping[str, Any]) -> dict:
@@ -179,3 +228,14 @@ def override(cfg: Config, changes: Mapping[str, Any]) -> Config:
             raise _unknown(key)
         tree[parts[0]][parts[1]] = value
     return build_config(tree)
+
+
+def require_resolved(cfg: Config, where: str) -> None:
+    """Refuse a config that did not pass the entrance of its run: what the model fixes
+    (``data.n_mels``) is filled there, once, by ``models.registry.resolve_shapes`` -- the command
+    layer (``commands.load_checked``), a grid's expansion, or ``engine.train.run_training``. Code
+    below takes the resolved config it is handed and never resolves again; a 0 here is a caller
+    that skipped the entrance (a bug, not a user's mistake)."""
+    if cfg.data.n_mels <= 0:
+        raise ValueError(f"{where} needs the config resolved at its run's entrance "
+                         "(models.registry.resolve_shapes); data.n_mels is still 0")

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from cluster_fl.config.checks import ConfigError
 from cluster_fl.config.checks import check as _check
 from cluster_fl.config.checks import in_range as _range
 from cluster_fl.config.checks import one_of as _in
@@ -246,8 +247,11 @@ class PrivacyConfig:
     """Clipping policy: one of ``CLIPPING_METHODS``."""
     clip_norm: float = 1.0
     """Total L2 clipping budget C (joint sensitivity of one client's update)."""
-    noise_multiplier: float = 0.1
-    """Noise multiplier σ: the summed update gets N(0, σ²C²)."""
+    noise_multiplier: float | None = None
+    """Noise multiplier σ: the summed update gets N(0, σ²C²). Unset: derived by ``train`` (and
+    ``account``) from ``target_epsilon`` over ``fl.rounds`` when that is set, else 0.1. Set
+    together with ``target_epsilon``, a run refuses a σ whose ε over ``fl.rounds`` passes the
+    target. 0 releases the update without noise (guarantee ``void``, said at start)."""
     alpha: float = 0.05
     """Encoder pool share of C² for ``alpha-split``."""
     inside_pool: str = "size"
@@ -264,7 +268,13 @@ class PrivacyConfig:
     accountant: str = "rdp"
     """``rdp`` or ``pld`` (dp-accounting)."""
     target_epsilon: float | None = None
-    """If set, ``account`` also reports the σ that reaches this ε."""
+    """ε the run is to reach after ``fl.rounds`` rounds at ``delta``: with ``noise_multiplier``
+    unset, ``train`` and ``account`` derive the smallest σ that stays within it; with both set,
+    ``train`` refuses a σ that passes it and ``account`` reports the σ that reaches it."""
+    max_epsilon: float | None = None
+    """A budget ``train`` keeps: the run stops cleanly (status ``done``, the reason in
+    status.json, the final evaluation run) before the round whose charge would take ε past it;
+    a resume stops there too. Null = no budget."""
     secure_mode: bool = False
     """Noise and masks from the OS CSPRNG, floating-point-attack-resistant noise; no seed: a
     seed given in a preset or an override is refused (``run.seed`` resolves to null), and the
@@ -310,7 +320,11 @@ class PrivacyConfig:
                f"got {self.secure_mode!r}; must be true or false")
         _in(self.clipping, CLIPPING_METHODS, "privacy.clipping")
         _range(self.clip_norm, "privacy.clip_norm", 0.0, None, lo_open=True)
-        _range(self.noise_multiplier, "privacy.noise_multiplier", 0.0, None)
+        if self.noise_multiplier is None and (self.target_epsilon is None
+                                              or self.mechanism == "none"):
+            object.__setattr__(self, "noise_multiplier", 0.1)  # the default without a target
+        if self.noise_multiplier is not None:
+            _range(self.noise_multiplier, "privacy.noise_multiplier", 0.0, None)
         _range(self.alpha, "privacy.alpha", 0.0, 1.0, lo_open=True, hi_open=True)
         _in(self.inside_pool, INSIDE_POOL_RULES, "privacy.inside_pool")
         _in(self.grouping, GROUPINGS, "privacy.grouping")
@@ -318,6 +332,8 @@ class PrivacyConfig:
         _in(self.accountant, ("rdp", "pld"), "privacy.accountant")
         if self.target_epsilon is not None:
             _range(self.target_epsilon, "privacy.target_epsilon", 0.0, None, lo_open=True)
+        if self.max_epsilon is not None:
+            _range(self.max_epsilon, "privacy.max_epsilon", 0.0, None, lo_open=True)
         _range(self.ema_decay, "privacy.ema_decay", 0.0, 1.0, hi_open=True)
         _range(self.ema_gamma, "privacy.ema_gamma", 0.0, 10.0)
         _range(self.ema_warmup_rounds, "privacy.ema_warmup_rounds", 0, None, integer=True)
@@ -347,6 +363,15 @@ class PrivacyConfig:
                 total += p["share"]
             _check(abs(total - 1.0) < 1e-9, "privacy.pools",
                    f"shares must sum to 1 (got {total!r})")
+
+    @property
+    def sigma(self) -> float:
+        """σ, resolved: unset only while ``target_epsilon`` is to derive it (``train`` and
+        ``account`` do, with the run's N); asking before that is an error naming the key."""
+        if self.noise_multiplier is None:
+            raise ConfigError("privacy.noise_multiplier", "unset: it is derived from "
+                              "privacy.target_epsilon when a run starts; set it to use it here")
+        return self.noise_multiplier
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -427,6 +452,22 @@ class AuditConfig:
         _range(self.canaries, "audit.canaries", 0, None, integer=True)
 
 
+PATH_MAX, NAME_MAX = 4096, 255  # Linux's limits on a path and on one of its names (bytes)
+
+
+def _path(value: Any, key: str) -> None:
+    """A path (or folder name) the file system can hold: one line naming the key instead of an
+    OSError traceback ("File name too long") when the run creates its folder."""
+    if value is None:
+        return
+    _check(isinstance(value, str) and value != "", key, f"got {value!r}; must be a path")
+    size = len(value.encode())
+    _check(size <= PATH_MAX, key, f"a path of {size:,} bytes; at most {PATH_MAX}")
+    longest = max((len(part.encode()) for part in value.split("/")), default=0)
+    _check(longest <= NAME_MAX, key, f"a file or folder name of {longest:,} bytes; at most "
+           f"{NAME_MAX}")
+
+
 TRACKERS = ("tensorboard", "wandb", "mlflow")
 
 
@@ -443,6 +484,11 @@ class RunConfig:
     """Experiment name (first folder level)."""
     run_id: str | None = None
     """Run folder name (default: derived from the resolved config)."""
+    nonce: str | None = None
+    """Random id (32 hex digits) drawn at a run's first start and stored in its config.yaml,
+    privacy.json and checkpoint; every resume compares the three, so another run's checkpoint
+    and ledger copied into the folder are refused even when the configs are equal. Left null:
+    the engine sets it (a value given must be the folder's)."""
     checkpoint_every: int = 1
     """Write an atomic checkpoint every this many rounds."""
     threads: int = 0
@@ -469,6 +515,12 @@ class RunConfig:
             _in(tracker, TRACKERS, "run.report_to")
         if self.seed is not None:
             _range(self.seed, "run.seed", 0, 2**63 - 1, integer=True)
+        _path(self.out, "run.out")
+        _path(self.experiment, "run.experiment")
+        _path(self.run_id, "run.run_id")
+        _check(self.nonce is None or (isinstance(self.nonce, str) and len(self.nonce) == 32
+                                      and all(c in "0123456789abcdef" for c in self.nonce)),
+               "run.nonce", f"got {self.nonce!r}; 32 hex digits, set by the engine (leave null)")
         _range(self.checkpoint_every, "run.checkpoint_every", 1, None, integer=True)
         _range(self.threads, "run.threads", 0, 1024, integer=True)
         _in(self.device, ("cpu", "cuda", "auto"), "run.device")
@@ -569,6 +621,13 @@ class Config:
                "aggregation.secure_sum",
                "privacy.secure_mode needs the masked secure sum (aggregation.secure_sum: true); "
                "without it every rank's partial sum crosses the wire in the clear")
+        # eval.parquet holds every utterance's transcript and exact errors: in a secure run they
+        # may not be the clients' (a research run on the clients' split is recorded void)
+        _check(not (self.privacy.secure_mode and self.privacy.mechanism == "gaussian"
+                    and self.data.eval_split == self.data.client_split), "data.eval_split",
+               f"got {self.data.eval_split!r}, the clients' split (data.client_split): a secure "
+               "run evaluates on speakers who are not clients (eval.parquet releases each "
+               "utterance's transcript and errors exactly); use another split, e.g. test")
 
     @property
     def seed(self) -> int:

@@ -11,7 +11,8 @@
 
 from cluster_fl.distributed.comm import Comm, CommError, LocalComm, TorchComm, init_comm
 from cluster_fl.distributed.launch import (LaunchEnv, detect_launch, env_from_slurm, env_from_torchrun,
-                                    expand_nodelist, launch_rank, slurm_port, submitit_torch_env,
+                                    expand_nodelist, export_submitit_env, launch_rank,
+                                    parse_nodelist, slurm_port,
                                     torch_env_set)
 from cluster_fl.distributed.spawn import (RankFailure, SpawnError, bitwise_differences, free_port,
                                    run_parity, spawn)
@@ -20,5 +21,5 @@ __all__ = [
     "Comm", "CommError", "LaunchEnv", "LocalComm", "RankFailure", "SpawnError", "TorchComm",
     "bitwise_differences", "detect_launch", "env_from_slurm", "env_from_torchrun",
     "expand_nodelist", "free_port", "init_comm", "launch_rank", "run_parity", "slurm_port",
-    "spawn", "submitit_torch_env", "torch_env_set",
+    "spawn", "export_submitit_env", "parse_nodelist", "torch_env_set",
 ]

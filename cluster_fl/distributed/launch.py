@@ -12,7 +12,7 @@ import math
 import os
 import re
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Mapping, MutableMapping
 
 @dataclass(frozen=True)
 class LaunchEnv:
@@ -28,7 +28,32 @@ class LaunchEnv:
 
 
 def expand_nodelist(nodelist: str) -> list[str]:
-    """Expand a SLURM host list: ``node[01-03,07],gpu5`` -> node01 node02 node03 node07 gpu5.
+    """Expand a SLURM host list: ``node[01-03,07],gpu5`` -> node01 node02 node03 node07 gpu5, as
+    SLURM itself does (``scontrol show hostnames``) when ``scontrol`` is installed, else with
+    :func:`parse_nodelist` (the tests hold the two equal wherever scontrol is there)."""
+    hosts = scontrol_hostnames(nodelist)
+    return hosts if hosts is not None else parse_nodelist(nodelist)
+
+
+def scontrol_hostnames(nodelist: str) -> list[str] | None:
+    """``scontrol show hostnames NODELIST``, or None when scontrol is missing or refuses."""
+    import shutil
+    import subprocess
+
+    exe = shutil.which("scontrol")
+    if exe is None or not nodelist.strip():
+        return None
+    try:
+        out = subprocess.run([exe, "show", "hostnames", nodelist], capture_output=True,
+                             text=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    hosts = out.stdout.split()
+    return hosts if out.returncode == 0 and hosts else None
+
+
+def parse_nodelist(nodelist: str) -> list[str]:
+    """Our own reading of a SLURM host list, for machines without ``scontrol``.
     Zero padding follows the range start; several bracket groups in one name multiply out."""
     hosts: list[str] = []
     depth, start = 0, 0
@@ -220,15 +245,30 @@ def launch_rank(env: Mapping[str, str] | None = None) -> int:
     return 0 if launch is None else launch.rank
 
 
-def submitit_torch_env(job_env: Any) -> dict[str, str]:
-    """The variables torchrun would set, for a multi-task submitit job (``submitit.JobEnvironment``):
-    rank layout from the job, the first host as master and a port derived from the job id (two
-    arrays sharing a node do not collide; the same rule as :func:`slurm_port`)."""
-    job = "".join(c for c in str(job_env.raw_job_id) if c.isdigit()) or "0"
-    return {"MASTER_ADDR": job_env.hostnames[0], "MASTER_PORT": str(slurm_port(job)),
-            "RANK": str(job_env.global_rank), "WORLD_SIZE": str(job_env.num_tasks),
-            "LOCAL_RANK": str(job_env.local_rank),
-            "LOCAL_WORLD_SIZE": str(job_env.num_tasks // max(job_env.num_nodes, 1))}
+def export_submitit_env(environ: MutableMapping[str, str] | None = None) -> bool:
+    """Inside a multi-task submitit job, set the variables torchrun would set (``MASTER_ADDR``,
+    ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``) with
+    submitit's own :class:`submitit.helpers.TorchDistributedEnvironment` (the first host as
+    master; the port from ``MASTER_PORT`` or drawn from the job id, so every task of a job agrees
+    and two arrays on one node do not collide). Nothing is changed when a launcher already set
+    them, outside a submitit job, or for a one-task job. ``CUDA_VISIBLE_DEVICES`` is left alone:
+    :func:`device_index` places each rank. True when the variables were set."""
+    from submitit.helpers import TorchDistributedEnvironment
+
+    environ = os.environ if environ is None else environ
+    if torch_env_set(environ):
+        return False
+    try:
+        tde = TorchDistributedEnvironment()
+    except RuntimeError:  # not inside a submitit job
+        return False
+    if tde.world_size <= 1:
+        return False
+    environ.update({"MASTER_ADDR": tde.master_addr, "MASTER_PORT": str(tde.master_port),
+                    "RANK": str(tde.rank), "WORLD_SIZE": str(tde.world_size),
+                    "LOCAL_RANK": str(tde.local_rank),
+                    "LOCAL_WORLD_SIZE": str(tde.local_world_size)})
+    return True
 
 
 def local_ranks_command(nproc: int, cli_args: list[str], python: str | None = None) -> list[str]:

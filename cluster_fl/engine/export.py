@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from cluster_fl.config import Config, build_config, to_dict, yaml_load
+from cluster_fl.config import Config, to_dict
 from cluster_fl.engine.checkpoint import load_run_checkpoint
 from cluster_fl.engine.metrics import read_rows
 from cluster_fl.errors import UserError
@@ -35,16 +35,6 @@ from cluster_fl.seeding import derive_seed
 ADAPTER_DIR = "decoder-adapter"
 # PEFT's target modules: exactly the decoder's q/k/v that models/lora.py adapts
 DECODER_TARGETS = r".*model\.layers\.\d+\.self_attn\.(q_proj|k_proj|v_proj)"
-
-
-def run_config(folder: Path) -> Config:
-    """The resolved config a run folder recorded."""
-    from cluster_fl.models.registry import resolve_shapes
-
-    path = Path(folder) / "config.yaml"
-    if not path.is_file():
-        raise UserError(f"{folder} is not a run folder (no config.yaml)")
-    return resolve_shapes(build_config(yaml_load(path.read_text())))
 
 
 def trained_model(folder: Path, cfg: Config) -> tuple[Any, dict[str, Any]]:
@@ -116,10 +106,10 @@ def save_tensors(path: Path, state: dict[str, torch.Tensor]) -> None:
     save_file({k: v.detach().cpu().contiguous() for k, v in state.items()}, str(path))
 
 
-def export_run(folder: Path, out: Path) -> list[Path]:
-    """Write the export of run ``folder`` under ``out`` (module docstring); the paths written."""
+def export_run(folder: Path, out: Path, cfg: Config) -> list[Path]:
+    """Write the export of run ``folder`` (whose recorded config, resolved, is ``cfg``) under
+    ``out`` (module docstring); the paths written."""
     folder, out = Path(folder), Path(out)
-    cfg = run_config(folder)
     model, ckpt = trained_model(folder, cfg)
     if not hasattr(model, "decoder") or not re.search(r"whisper", cfg.model.arch):
         raise UserError(f"export supports the whisper-llama architectures, not {cfg.model.arch}")

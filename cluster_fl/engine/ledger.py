@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -40,16 +41,26 @@ class RunLedger:
         self.started = 0  # the highest round whose noise may have been drawn, in any attempt
         self.path: Path | None = None
         self.run_id: str | None = None
+        self.nonce: str | None = None  # the run's (config.yaml's): a copied ledger is refused
+        self.dataset: Any = None  # the dataset's cumulative ledger (engine/dataset_ledger.py)
+        self.epoch: str | None = None  # this ledger's epoch there: new whenever it starts empty
+        self.dataset_epsilon: float | None = None
         self.main = False
         if policy is not None and record_channels:
             ledger.add_void_reason("audit.record_channels=true: per-client uploads, norms and "
                                    "sample counts are written to channels/ in the clear")
 
     # ---- the write-ahead record ------------------------------------------------------------
-    def attach(self, folder: Path, main: bool) -> None:
-        """Keep the record in ``folder/privacy.json``; only ``main`` (rank 0) writes it."""
+    def attach(self, folder: Path, main: bool, nonce: str | None = None,
+               dataset: Any = None) -> None:
+        """Keep the record in ``folder/privacy.json``; only ``main`` (rank 0) writes it.
+        ``nonce``: the run's, which the record carries and a resume checks; ``dataset``: the
+        dataset's cumulative ledger, which every write adds this ledger's rounds to."""
         self.path = Path(folder) / LEDGER_NAME
         self.run_id = Path(folder).name
+        self.nonce = nonce
+        self.dataset = dataset
+        self.epoch = secrets.token_hex(8)  # a ledger that starts empty: a new epoch
         self.main = main
 
     def resume(self, checkpoint: dict[str, Any] | None) -> None:
@@ -61,7 +72,8 @@ class RunLedger:
         if path is None:
             raise RuntimeError("attach the ledger to its run folder first")
         fix = (f"restore it, or delete {path.parent / 'checkpoint'} and {path} to restart the "
-               "run from round 1")
+               "run from round 1" + (f" (what it spent stays in {self.dataset.path})"
+                                     if self.dataset is not None else ""))
         if not path.is_file():
             if checkpoint is not None:
                 raise UserError(f"{path} is missing but the run has a checkpoint: the privacy "
@@ -78,6 +90,10 @@ class RunLedger:
         if record.get("run_id") != self.run_id:
             raise UserError(f"{path} belongs to run {record.get('run_id')!r}, not "
                             f"{self.run_id!r}; {fix}")
+        if record.get("run_nonce") != self.nonce:
+            raise UserError(f"{path} belongs to another run (nonce {record.get('run_nonce')!r}, "
+                            f"the folder's config.yaml says {self.nonce!r}: copied from another "
+                            f"run folder?); {fix}")
         if checkpoint is not None:
             behind = sum(int(e["count"]) for e in checkpoint["ledger"]["events"])
             if started < int(checkpoint["round"]) or charged < behind:
@@ -86,6 +102,7 @@ class RunLedger:
                                 f"{checkpoint['round']} ({behind} charged); {fix}")
         self.ledger.load_state_dict(state)
         self.started = started
+        self.epoch = str(record.get("epoch") or self.epoch)
 
     def charge(self, round_: int) -> None:
         """Account round ``round_`` before its noise is drawn, durably (rank 0 writes the
@@ -96,9 +113,24 @@ class RunLedger:
         self.started = max(self.started, round_)
         self.write()
 
+    def epsilon_if_charged(self, round_: int) -> float:
+        """ε once round ``round_`` is charged (as :meth:`charge` would), the ledger unchanged:
+        what ``privacy.max_epsilon`` is checked against before the round starts."""
+        if not (self.secure or round_ > self.started):
+            return self.ledger.epsilon()
+        saved = self.ledger.state_dict()
+        try:
+            self.ledger.step(self.policy)
+            return self.ledger.epsilon()
+        finally:
+            self.ledger.load_state_dict(saved)
+
     def write(self) -> None:
-        """The record, written atomically and durably (rank 0 only)."""
+        """The record, written atomically and durably (rank 0 only), after the dataset's
+        cumulative ledger has this ledger's rounds."""
         if self.main and self.path is not None:
+            if self.dataset is not None and self.epoch is not None:
+                self.dataset_epsilon = self.dataset.record(self.epoch, self.ledger.state_dict())
             write_json(self.path, self.to_json(), durable=True)
 
     # ---- reading ----------------------------------------------------------------------------
@@ -123,7 +155,10 @@ class RunLedger:
         record = self.ledger.to_json()
         eps = record.get("epsilon")
         record["epsilon"] = eps if eps is None or math.isfinite(eps) else None
-        record.update(run_id=self.run_id, rounds_started=self.started,
+        if self.dataset is not None:
+            record.update(epoch=self.epoch, dataset_ledger=self.dataset.path.name,
+                          dataset_epsilon=self.dataset_epsilon)
+        record.update(run_id=self.run_id, run_nonce=self.nonce, rounds_started=self.started,
                       state=self.ledger.state_dict())
         return record
 

@@ -151,6 +151,7 @@ class SkippedRows:
             self.log(f"... and {len(fresh) - 20} more unusable rows (see {self.path.name})")
         if fresh:
             write_json(self.path, self.summary())
+            self.path.chmod(0o600)  # the operator's alone, like the log beside it
 
     @property
     def total(self) -> int:

@@ -30,8 +30,8 @@ import socket
 from pathlib import Path
 from typing import Any
 
-import torch
-
+# torch is imported where it is used: engine/train.py imports this module before the stop
+# handlers are installed, and importing torch takes seconds (a SIGTERM then exited 143)
 from cluster_fl.config import Config
 from cluster_fl.engine.rundir import git_commit, write_json
 from cluster_fl.errors import UserError
@@ -47,6 +47,8 @@ _ISA_CAPS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIO
 def cpu() -> dict[str, Any]:
     """The CPU's model name, its kernel-relevant features (``/proc/cpuinfo`` on Linux), the vector
     level ATen dispatches to (``AVX512``, ``AVX2``, ...) and the environment's caps on it."""
+    import torch
+
     name: str | None = None
     flags: set[str] = set()
     try:
@@ -84,6 +86,8 @@ def model_sha256(checkpoint: str | None) -> str | None:
 
 def attempt(cfg: Config) -> dict[str, Any]:
     """This process's facts: where and with what this attempt of the run computes."""
+    import torch
+
     device = cfg.run.device
     accelerator = (torch.cuda.get_device_name() if device.startswith("cuda")
                    and torch.cuda.is_available() else None)

@@ -35,14 +35,14 @@ from cluster_fl.engine import cohort as cohort_mod
 from cluster_fl.engine.client import ClientRunner, ClientUpdate, HeapTrimmer
 from cluster_fl.engine.feeder import ClientFeeder
 from cluster_fl.engine.recorder import ChannelRecorder
-from cluster_fl.engine.rundir import run_id
+from cluster_fl.engine.rundir import run_dir, run_id
 from cluster_fl.engine.server import ServerOptimizer
 from cluster_fl.groups import GroupSpec
 from cluster_fl.privacy.clipping import ClipPolicy, ClipResult
 from cluster_fl.privacy.csprng import new_key, sample_cohort_secure
 from cluster_fl.privacy.diagnostics import Diagnostics, Measured
 from cluster_fl.privacy.noise import TAIL_STDS, NoiseSource
-from cluster_fl.secure_sum import SecureSummer, mask_mode
+from cluster_fl.secure_sum import SecureSummer, mask_mode, share_from_rank0
 
 # largest coordinate of an unclipped (non-private) update the fixed-point sum accepts
 NONPRIVATE_BOUND = 1e3
@@ -108,10 +108,10 @@ class RoundEngine:
         self.diag = Diagnostics(self.groups, policy, cfg.privacy)
         # research noise streams are scoped by the run's identity (its config, seed included)
         self.noise_scope = run_id(cfg)
-        # secure mode: cohorts from a CSPRNG key rank 0 draws and every rank shares (never kept)
-        self._cohort_key = self._shared_key() if cfg.privacy.secure_mode else None
         self._local: dict[str, int] = {}  # this round's exact counts on this rank (operator)
         self.summer = self._make_summer()  # streaming fixed-point sum; reset by every reduce
+        # secure mode: cohorts from a CSPRNG key rank 0 draws and every rank shares (never kept)
+        self._cohort_key = self._shared_key() if cfg.privacy.secure_mode else None
         self.server = server
         self.recorder = recorder
         self.trimmer = HeapTrimmer()  # trims the heap only when the resident set has grown
@@ -124,9 +124,14 @@ class RoundEngine:
         return self.policy
 
     def _shared_key(self) -> bytes:
-        """A 256-bit key from rank 0's OS CSPRNG, handed to every rank (collective)."""
+        """A 256-bit key from rank 0's OS CSPRNG, handed to every rank (collective), each rank's
+        copy encrypted under its pair key with rank 0 (authenticated by the job secret): a wire
+        observer never sees a round's cohort."""
         key = new_key() if self.comm.rank == 0 else None
-        shared = self.comm.broadcast_object(key) if self.comm.world_size > 1 else key
+        shared = key
+        if self.comm.world_size > 1:
+            shared = share_from_rank0(self.comm, self.summer.pair_keys(self.comm), key,
+                                      "cohort key")
         if not isinstance(shared, bytes):
             raise RuntimeError("the cohort key did not reach this rank")
         return shared
@@ -150,7 +155,18 @@ class RoundEngine:
         return SecureSummer(shapes, frac_bits=cfg.aggregation.fixed_point_bits,
                             max_clients=max(1, len(self.clients)), bounds=bounds, mode=mode,
                             seed=cfg.seed, device=self.device,
-                            offset_bounds={n: TAIL_STDS * sd for n, sd in stds.items() if sd > 0})
+                            offset_bounds={n: TAIL_STDS * sd for n, sd in stds.items() if sd > 0},
+                            release_counts=not self.private,  # DP: no exact counts on the wire
+                            job_secret=self._job_secret())
+
+    def _job_secret(self) -> bytes | None:
+        """Secure mode with several ranks: the job's secret (engine/operator_log.py), which
+        authenticates the ranks' key exchange; None otherwise (nothing is exchanged)."""
+        if not (self.cfg.privacy.secure_mode and self.comm.world_size > 1):
+            return None
+        from cluster_fl.engine.operator_log import read_job_secret
+
+        return read_job_secret(run_dir(self.cfg))
 
     def _stat_bound(self) -> float:
         """Largest |entry| of one client's adaptive statistic in the fixed-point sum. The
@@ -225,7 +241,7 @@ class RoundEngine:
         if stat_size:
             self.clip_policy.update(noised["stat"], denom)
         if self.recorder is not None:
-            std = self.cfg.privacy.noise_multiplier * self.cfg.privacy.clip_norm if self.private else 0.0
+            std = self.cfg.privacy.sigma * self.cfg.privacy.clip_norm if self.private else 0.0
             self.recorder.release(round_, mean, denom, std)
         row = self.diag.row(noised.get("diag"), thresholds, denom)
         row.update(round=round_, denominator=denom)
@@ -272,7 +288,7 @@ class RoundEngine:
         stds = {name: 0.0 for name in fields}
         if self.private:
             for g in self.groups:
-                stds[g.name] = p.noise_multiplier * p.clip_norm
+                stds[g.name] = p.sigma * p.clip_norm
             if "stat" in fields:
                 stds["stat"] = self.clip_policy.statistic_noise_std
         if "diag" in fields:

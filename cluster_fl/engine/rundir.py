@@ -14,6 +14,12 @@ One writer per folder: rank 0 holds an exclusive ``flock`` on ``run.lock`` for t
 holder dies, so a killed run's lock is taken over by the next attempt, and a second ``train`` on a
 live run stops with one line naming the holder. A failed write (full disk, read-only, not a
 folder) is a :class:`WriteError` naming the file: one line and exit 2, never a traceback.
+
+No wall-clock time is kept in the folder: the lock names its holder without a start
+time, status.json carries no ``updated`` (the heartbeat the grid's staleness check reads lives
+beside the operator log, :func:`heartbeat_path`), and rank 0 sets every file's and folder's
+modification time to the epoch at each round's end and at the run's end
+(:func:`flatten_times`), so the folder's times cannot date its rounds.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from cluster_fl.config import Config, dump_config, to_dict
+from cluster_fl.config import Config, dump_config, require_resolved, to_dict
 from cluster_fl.errors import UserError
 
 LOCK_NAME = "run.lock"
@@ -57,7 +63,7 @@ RESUME_TOLERATED = {("run", "out"), ("run", "threads"), ("run", "timeout_s"),
                     ("eval", "decode_cache")}
 # keys that do not enter the run id
 _BOOKKEEPING = RESUME_TOLERATED | {("run", "experiment"), ("run", "run_id"),
-                                   ("run", "checkpoint_every")}
+                                   ("run", "checkpoint_every"), ("run", "nonce")}
 # files and folders enter the id by their last name only: the same corpus and checkpoint under
 # another home or scratch folder is the same run, with the same id and so the same research noise
 # (the demo printed another table for every $HOME until 2026-12-05)
@@ -67,7 +73,8 @@ _PATH_KEYS = {("data", "corpus"), ("data", "feature_cache"), ("model", "checkpoi
 # keys added after runs existed: left out of the id at their default, so old ids stay valid
 _NEW_AT_DEFAULT = {("model", "dtype"): "float32", ("privacy", "grouping"): "matrix",
                    ("pretrain", "mode"): "joint", ("model", "connector_init"): "checkpoint",
-                   ("model", "connector_seed"): None}  # null: the run's seed
+                   ("model", "connector_seed"): None,  # null: the run's seed
+                   ("privacy", "max_epsilon"): None}
 
 
 def path_names(tree: dict[str, Any]) -> dict[str, Any]:
@@ -83,9 +90,8 @@ def run_id(cfg: Config) -> str:
     """Deterministic run id: readable prefix + hash of everything that affects results."""
     if cfg.run.run_id:
         return cfg.run.run_id
-    from cluster_fl.models.registry import resolve_shapes  # data.n_mels 0: hashed as the model's
-
-    tree = to_dict(resolve_shapes(cfg))
+    require_resolved(cfg, "run_id")  # data.n_mels 0 would hash apart from the model's value
+    tree = to_dict(cfg)
     for section, key in _BOOKKEEPING:
         tree[section].pop(key, None)
     path_names(tree)
@@ -216,7 +222,36 @@ def read_status(folder: Path) -> dict[str, Any] | None:
         return {"state": "failed", "error": f"unreadable status.json ({type(exc).__name__})"}
     if not isinstance(status, dict):
         return {"state": "failed", "error": "unreadable status.json (not an object)"}
+    try:  # when it was last written: kept outside the folder, for the grid's staleness check
+        beat = json.loads(heartbeat_path(folder).read_text())
+        if "updated" not in status and isinstance(beat, dict) and beat.get("updated"):
+            status["updated"] = beat["updated"]
+    except (OSError, ValueError):
+        pass
     return status
+
+
+def heartbeat_path(folder: Path) -> Path:
+    """``<experiment>/.operator/<run_id>.heartbeat``: when rank 0 last wrote the run's status
+    (beside the operator log of :mod:`cluster_fl.engine.operator_log`, 0700)."""
+    return Path(folder).parent / ".operator" / f"{Path(folder).name}.heartbeat"
+
+
+def flatten_times(folder: Path) -> None:
+    """Set the modification (and access) time of the run folder, and of everything in it, to
+    the epoch: file times would otherwise date the run's start, its rounds and its end. Best
+    effort (a file another process replaces meanwhile keeps its time until the next call)."""
+    root = Path(folder)
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in filenames + dirnames:
+            try:
+                os.utime(os.path.join(dirpath, name), (0, 0), follow_symlinks=False)
+            except OSError:
+                pass
+    try:
+        os.utime(root, (0, 0))
+    except OSError:
+        pass
 
 
 def write_status(folder: Path, state: str, round_: int, rounds: int,
@@ -225,8 +260,15 @@ def write_status(folder: Path, state: str, round_: int, rounds: int,
     already), so a run that fails for lack of space can still say so."""
     path = Path(folder) / "status.json"
     payload = {"state": state, "round": round_, "rounds": rounds,
-               "updated": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                "host": socket.gethostname(), "pid": os.getpid(), "error": error, **extra}
+    try:  # the time outside the folder (module docstring); best effort
+        beat = heartbeat_path(folder)
+        beat.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        beat.write_text(json.dumps({"updated": _dt.datetime.now(_dt.timezone.utc).isoformat(
+            timespec="seconds")}))
+        beat.chmod(0o600)
+    except OSError:
+        pass
     try:
         write_json(path, payload)
     except WriteError as exc:
@@ -254,7 +296,7 @@ class RunLocked(UserError):
     def __init__(self, folder: Path, holder: dict[str, Any]):
         self.holder = holder
         who = (f"{holder.get('host', '?')} pid {holder.get('pid', '?')}"
-               f" (since {holder.get('since', '?')})") if holder else "another process"
+               if holder else "another process")
         super().__init__(f"run folder {folder} is being written by {who}; one writer per run: "
                          "wait for it to end or stop it (a killed writer's lock is taken over)")
 
@@ -262,10 +304,11 @@ class RunLocked(UserError):
 class RunLock:
     """Exclusive ``flock`` on ``<folder>/run.lock``, held by rank 0 for the run's life.
 
-    The file keeps the holder's host, pid and start time. ``flock`` locks belong to the open
-    file and the kernel drops them when the process dies (on NFS, when the client's lease
-    ends), so a stale lock never blocks: the next attempt takes it over. On a file system
-    without locks (``enforced`` is False), a holder on this host is still detected by its pid.
+    The file keeps the holder's host and pid (no start time: the folder keeps no clock).
+    ``flock`` locks belong to the open file and the kernel drops them when the process dies
+    (on NFS, when the client's lease ends), so a stale lock never blocks: the next attempt
+    takes it over. On a file system without locks (``enforced`` is False), a holder on this
+    host is still detected by its pid.
     """
 
     def __init__(self, folder: Path):
@@ -292,9 +335,7 @@ class RunLock:
                 raise RunLocked(self.folder, holder) from None
             self.enforced = False
         self.fd = fd
-        info = json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
-                           "since": _dt.datetime.now(_dt.timezone.utc).isoformat(
-                               timespec="seconds")}).encode()
+        info = json.dumps({"host": socket.gethostname(), "pid": os.getpid()}).encode()
         try:  # overwrite in place: no new block needed, so a full disk does not stop us here
             os.pwrite(fd, info, 0)
             os.ftruncate(fd, len(info))

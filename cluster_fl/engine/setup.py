@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence
 import torch
 from torch import nn
 
-from cluster_fl.config import Config, to_dict
+from cluster_fl.config import Config, require_resolved, to_dict
 from cluster_fl.distributed import Comm
 from cluster_fl.distributed.parallelize import LaneLayout, Placement, parallelize, resolve_device
 from cluster_fl.engine.client import ClientRunner
@@ -29,7 +29,7 @@ from cluster_fl.engine.server import ServerOptimizer
 from cluster_fl.errors import UserError
 from cluster_fl.groups import GroupSpec
 from cluster_fl.malloc import active_malloc
-from cluster_fl.models.registry import feature_shape, resolve_shapes
+from cluster_fl.models.registry import feature_shape
 from cluster_fl.privacy.clipping import ClipPolicy
 from cluster_fl.seeding import derive_seed
 
@@ -199,7 +199,6 @@ def load_clients(cfg: Config, log: Callable[[str], None] | None = None
     is an error, unless ``data.allow_missing_languages`` (then ``log`` says which)."""
     from cluster_fl.data import FeatureStore, find_shards, load_utterances, partition_clients
 
-    cfg = resolve_shapes(cfg)  # data.n_mels: the model's
     check_extractor(cfg.model)
     d = cfg.data
     root = os.path.expanduser(d.corpus)
@@ -230,6 +229,24 @@ def load_clients(cfg: Config, log: Callable[[str], None] | None = None
     return store, out, eval_utts
 
 
+def check_eval_speakers(cfg: Config, clients: list, eval_utts: list, ledger: Any) -> None:
+    """In a private run the evaluation speakers must not be clients: eval.parquet releases each
+    evaluated utterance's transcript and errors exactly. Secure mode refuses the overlap (one
+    line); a research run records its guarantee as void."""
+    from cluster_fl.privacy.accounting import EVAL_ON_CLIENTS
+
+    if cfg.privacy.mechanism != "gaussian":
+        return
+    shared = {c.speaker for c in clients} & {u.speaker for u in eval_utts}
+    if not shared:
+        return
+    if cfg.privacy.secure_mode:
+        raise UserError(f"data.eval_split: {len(shared)} evaluation speaker(s) are clients of "
+                        f"the run (split {cfg.data.eval_split!r}); a secure run evaluates on "
+                        "speakers who are not clients")
+    ledger.add_void_reason(EVAL_ON_CLIENTS)
+
+
 def sharded_from_meta(cfg: Config, layout: LaneLayout) -> bool:
     """Whether this rank builds the base as a meta skeleton and loads only its shard: a real
     architecture (weights from local checkpoints) in a sharded lane. Tiny random-init variants
@@ -246,7 +263,7 @@ def build_world(cfg: Config, comm: Comm, log: Callable[[str], None]) -> World:
                                    trainable_parameters)
     from cluster_fl.privacy import ledger_for, make_policy, noise_for
 
-    cfg = resolve_shapes(cfg)
+    require_resolved(cfg, "build_world")
     store, clients, eval_utts = load_clients(cfg, log if comm.rank == 0 else None)
     # unusable corpus rows are found while features load (a client's turn, the evaluation);
     # train.py logs them by id and counts them per client in the run folder (skipped.json)
@@ -286,6 +303,7 @@ def build_world(cfg: Config, comm: Comm, log: Callable[[str], None]) -> World:
                                    e.bootstrap, cfg.seed, decode_cache=e.decode_cache)
     ledger = RunLedger(ledger_for(cfg, population), policy,
                        record_channels=cfg.audit.record_channels)
+    check_eval_speakers(cfg, clients, eval_utts, ledger.ledger)
     if comm.rank == 0:
         log(f"{population} clients, q={q:.3f}, {len(groups)} trainable groups "
             f"({sum(g.numel for g in groups):,} parameters), {comm.world_size} rank(s) in "

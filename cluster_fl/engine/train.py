@@ -32,22 +32,24 @@ import json
 import secrets
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 # Light imports only: torch, models and data are imported inside the functions, after the stop
 # handlers are installed, so that a SIGTERM during start-up is a clean stop too (exit 75).
 from cluster_fl.config import Config, build_config, to_dict, yaml_load
-from cluster_fl.engine.checkpoint import StopFlag, Stopped, load_run_checkpoint, save_run_checkpoint
-from cluster_fl.engine.operator_log import OperatorLog
+from cluster_fl.engine.checkpoint import (StopFlag, Stopped, check_checkpoint_path,
+                                          load_run_checkpoint, save_run_checkpoint)
+from cluster_fl.engine.dataset_ledger import DatasetLedger
+from cluster_fl.engine.operator_log import OperatorLog, new_job_secret, read_job_secret
 from cluster_fl.engine.provenance import record_attempt
-from cluster_fl.engine.rundir import (RESUME_TOLERATED, RunLock, append_text, clean_temp_files,
-                                      git_commit, is_done, make_folder, path_names, read_status,
-                                      run_dir, write_config, write_json, write_status)
+from cluster_fl.engine.rundir import (RESUME_TOLERATED, RunLock, clean_temp_files,
+                                      flatten_times, git_commit, is_done, make_folder,
+                                      path_names, read_status, run_dir, write_config, write_json,
+                                      write_status)
 from cluster_fl.errors import UserError
-from cluster_fl.engine.performance import Performance
-from cluster_fl.engine.trackers import Trackers
-from cluster_fl.progress import Clock
+from cluster_fl.engine.watch import Log, Watch
 
 if TYPE_CHECKING:  # imported lazily at run time: the process boundary starts with the run
     from cluster_fl.distributed import Comm
@@ -57,47 +59,29 @@ _ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG, err
                        errno.EPERM, errno.ENOTDIR, errno.EISDIR}
 
 
-class Log:
-    """Rank-0 progress: one line per event to stderr (with the time of day, and ``screen``: a
-    round's elapsed time and ETA) and to the run's log.txt (without either: times are a side
-    channel of the clients' work, kept for the operator)."""
-
-    def __init__(self, folder: Path | None, enabled: bool):
-        self.path = folder / "log.txt" if folder is not None else None
-        self.enabled = enabled
-
-    def __call__(self, msg: str, echo: bool = True, screen: str = "") -> None:
-        if not self.enabled:
-            return
-        if echo:
-            print(f"[{time.strftime('%H:%M:%S')}] {msg}{' | ' + screen if screen else ''}",
-                  file=sys.stderr, flush=True)
-        if self.path is not None:
-            append_text(self.path, msg + "\n")
-
-    def screen(self, msg: str) -> None:
-        """A line for stderr only, never log.txt (e.g. the run's timings)."""
-        if self.enabled:
-            print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def _check_existing(folder: Path, cfg: Config) -> None:
+def _check_existing(folder: Path, cfg: Config) -> tuple[bool, str | None]:
+    """Refuse a folder whose config.yaml describes another run; return (whether the folder has
+    a config, the run's nonce in it: None for a run from before nonces)."""
     path = folder / "config.yaml"
     if not path.is_file():
-        return
+        return False, None
     try:
-        from cluster_fl.models.registry import resolve_shapes
-
-        # keys added later: defaults; shapes the model fixes: resolved on both sides
-        old = to_dict(resolve_shapes(build_config(yaml_load(path.read_text()))))
+        # keys added later: defaults; the stored config was resolved at its run's entrance
+        old = to_dict(build_config(yaml_load(path.read_text())))
     except Exception as exc:  # noqa: BLE001 - a damaged config.yaml is the user's to fix
         raise UserError(f"{path} is unreadable ({type(exc).__name__}); restore it, or delete "
                         f"{folder} to start the run again") from None
     new = to_dict(cfg)
+    nonce = old.get("run", {}).get("nonce")
+    if cfg.run.nonce is not None and cfg.run.nonce != nonce:
+        raise UserError(f"run folder {folder} holds another run (run.nonce {nonce!r} in {path}, "
+                        f"not {cfg.run.nonce!r}); leave run.nonce unset")
     for d in (old, new):  # bookkeeping keys may differ between submissions, and the folders
         path_names(d)     # that hold the same corpus and checkpoint (the id's comparison)
-        for section, key in RESUME_TOLERATED:
+        for section, key in RESUME_TOLERATED | {("run", "nonce")}:
             d.get(section, {}).pop(key, None)
+        if cfg.privacy.noise_multiplier is None:  # σ derived from the target at the first start
+            d.get("privacy", {}).pop("noise_multiplier", None)
     if old != new:
         keys = [f"{sec}.{k}" for sec in new for k in new[sec]
                 if old.get(sec, {}).get(k) != new[sec][k]]
@@ -105,6 +89,7 @@ def _check_existing(folder: Path, cfg: Config) -> None:
         raise UserError(f"run folder {folder} holds a run with a different config "
                         f"({path} differs in {', '.join(keys[:3])}{damaged}); set run.run_id "
                         "or run.experiment to start a new run")
+    return True, nonce
 
 
 def dump_stacks_on_fatal_signal() -> bool:
@@ -130,16 +115,23 @@ def run_training(cfg: Config, comm: Comm | None = None) -> Path:
     """
     from cluster_fl.models.registry import resolve_shapes  # JSON only: data.n_mels of the model
 
-    cfg = resolve_shapes(cfg)
+    cfg = resolve_shapes(cfg)  # the run's entrance: the one place a run's config is resolved
     folder = run_dir(cfg)
     dump_stacks_on_fatal_signal()
     # From the first moment: a signal during setup or evaluation stops at once (Stopped), one
     # during a round stops at the round's end (the loop makes the flag deferred).
-    with StopFlag(immediate=True) as stop:
+    with StopFlag(immediate=True) as stop, warnings.catch_warnings():
+        if _private(cfg):  # unusable rows by utterance id: the operator log's (skipped.json)
+            warnings.filterwarnings("ignore", message="skipping utterance")
         try:
             return _run(cfg, comm, folder, stop)
         except Stopped:
             raise Preempted(folder) from None
+
+
+def _private(cfg: Config) -> bool:
+    """A DP run: its stderr, log.txt and status.json carry no exact facts of the clients."""
+    return cfg.privacy.mechanism != "none"
 
 
 def _run(cfg: Config, comm: Comm | None, folder: Path, stop: StopFlag) -> Path:
@@ -153,11 +145,14 @@ def _run(cfg: Config, comm: Comm | None, folder: Path, stop: StopFlag) -> Path:
     log = Log(folder, False)
     progress = {"checkpoint_round": 0, "owned": False}
     try:
-        finished, lock, removed = _open_run(cfg, comm, folder)
+        finished, lock, removed, nonce, sigma = _open_run(cfg, comm, folder)
         if finished:
             return folder
+        cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, nonce=nonce),
+                                  privacy=dataclasses.replace(cfg.privacy,
+                                                              noise_multiplier=sigma))
         progress["owned"] = True
-        log = Log(folder, main)
+        log = Log(folder, main, stamp=not _private(cfg))
         if removed:
             log(f"removed {len(removed)} temporary file(s) an interrupted writer left: "
                 + ", ".join(p.name for p in removed))
@@ -188,25 +183,37 @@ _DONE = "done"
 
 
 def _open_run(cfg: Config, comm: Comm, folder: Path
-              ) -> tuple[bool, RunLock | None, list[Path]]:
+              ) -> tuple[bool, RunLock | None, list[Path], str | None, float | None]:
     """Rank 0 takes the folder (lock, checks, config) and tells every rank what it found: the run
-    is finished (``finished`` everywhere), cannot start (every rank raises the same one-line
-    error), or goes ahead (rank 0 gets the lock and the temporary files it removed)."""
-    lock, outcome, error, removed = None, "run", None, []
+    is finished (``finished`` everywhere; only for the same config), cannot start (every rank
+    raises the same one-line error), or goes ahead (rank 0 gets the lock and the temporary files
+    it removed; every rank the run's nonce: drawn at the first start, then the folder's)."""
+    lock, outcome, error, removed, nonce = None, "run", None, [], None
+    sigma = cfg.privacy.noise_multiplier
     if comm.rank == 0:
         try:
             if is_done(folder):  # done runs are never rewritten, not even their lock file
+                _check_existing(folder, cfg)  # ... and answer only for their own config
                 outcome = _DONE
             else:
                 make_folder(folder)
                 lock = RunLock(folder).acquire()
                 if is_done(folder):  # finished while we waited for the lock
+                    _check_existing(folder, cfg)
                     outcome = _DONE
                 else:
-                    _check_existing(folder, cfg)
+                    existed, nonce = _check_existing(folder, cfg)
+                    check_checkpoint_path(folder)  # before any file is touched
+                    if not existed:  # the first start: this run's identity from now on
+                        nonce = cfg.run.nonce or secrets.token_hex(16)
+                    cfg = _resolve_sigma(cfg)
+                    sigma = cfg.privacy.noise_multiplier
+                    cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, nonce=nonce))
                     removed = clean_temp_files(folder)  # what a killed writer left half-written
                     write_config(folder, cfg)
                     record_attempt(folder, cfg)
+                    if cfg.privacy.secure_mode and comm.world_size > 1:
+                        new_job_secret(folder)  # authenticates the ranks' key exchange
         except UserError as exc:
             outcome, error = "error", exc
             if lock is not None:  # ours to record: the folder must not stay "running"
@@ -220,7 +227,8 @@ def _open_run(cfg: Config, comm: Comm, folder: Path
             lock = None
     shared = outcome if error is None else f"error: {error}"
     if comm.world_size > 1:
-        shared = comm.broadcast_object(shared if comm.rank == 0 else None)
+        shared, nonce, sigma = comm.broadcast_object((shared, nonce, sigma) if comm.rank == 0
+                                                     else None)
     if error is not None:
         raise error
     if shared.startswith("error: "):
@@ -228,19 +236,43 @@ def _open_run(cfg: Config, comm: Comm, folder: Path
     if shared == _DONE:
         if comm.rank == 0:
             print(f"cluster-fl: run already finished: {folder}", file=sys.stderr)
-        return True, None, []
-    return False, lock, removed
+        return True, None, [], None, sigma
+    return False, lock, removed, nonce, sigma
+
+
+def _resolve_sigma(cfg: Config) -> Config:
+    """σ from ``privacy.target_epsilon`` when σ is unset; a σ that passes the target refused
+    (:func:`~cluster_fl.privacy.accounting.resolve_noise_multiplier`), N counted as the run
+    partitions the corpus."""
+    p = cfg.privacy
+    if p.mechanism != "gaussian" or p.target_epsilon is None:
+        return cfg
+    from cluster_fl.data import count_clients
+    from cluster_fl.privacy.accounting import resolve_noise_multiplier
+
+    try:
+        population = int(count_clients(cfg.data))
+    except OSError as exc:
+        raise UserError(f"data.corpus: cannot count the clients of {cfg.data.corpus} to derive "
+                        f"sigma from privacy.target_epsilon ({type(exc).__name__})") from None
+    return resolve_noise_multiplier(cfg, population)
 
 
 def _working_config(cfg: Config, comm: Comm, folder: Path) -> Config:
     """The config the engine runs. Secure mode has no seed: rank 0 draws one from the OS at
-    every start (every rank gets it) for cohort sampling and client randomness; it is never
-    written anywhere, and the run keeps its folder (``run_id`` pinned to it)."""
+    every start (every rank gets it, encrypted under its key with rank 0, which the job secret
+    authenticates: never on the wire in plain) for client randomness; it is never written
+    anywhere, and the run keeps its folder (``run_id`` pinned to it)."""
     if not cfg.privacy.secure_mode:
         return cfg
     seed = secrets.randbits(63) if comm.rank == 0 else None
     if comm.world_size > 1:
-        seed = comm.broadcast_object(seed)
+        from cluster_fl.secure_sum import agree_pair_keys, share_from_rank0
+
+        keys = agree_pair_keys(comm, read_job_secret(folder))
+        box = share_from_rank0(comm, keys, None if seed is None else seed.to_bytes(8, "little"),
+                               "run seed")
+        seed = int.from_bytes(box, "little")
     return dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, seed=seed,
                                                             run_id=folder.name))
 
@@ -277,6 +309,10 @@ def _record_end(folder: Path, cfg: Config, exc: BaseException, stopped: bool,
             reason = str(exc)
         elif isinstance(exc, KeyboardInterrupt):
             reason = "interrupted"
+        elif _private(cfg):  # a message may carry data-dependent values: the operator's only
+            reason = f"{type(exc).__name__} (the message is in the operator log)"
+            OperatorLog(folder, True, private=True)("failed",
+                                                    error=f"{type(exc).__name__}: {exc}")
         else:
             reason = f"{type(exc).__name__}: {exc}"
         write_status(folder, "failed", status.get("round", checkpoint_round), cfg.fl.rounds,
@@ -298,9 +334,7 @@ class _Attempt:
     oplog: OperatorLog
     skipped: Any  # cluster_fl.engine.metrics.SkippedRows
     t_start: float
-    clock: Clock
-    perf: Performance
-    trackers: Trackers
+    watch: Watch  # the clock, performance and trackers of this attempt
     quiet: int = 0  # rounds in which none of rank 0's lane's clients contributed (operator only)
 
 
@@ -308,15 +342,60 @@ def _train(cfg: Config, comm: Comm, folder: Path, log: Log, stop: StopFlag,
            progress: dict, record: Config) -> Path:
     run = _resume(cfg, comm, folder, log, progress)
     try:  # the recorded config: a secure run's drawn seed is no part of it
-        run.trackers = Trackers(cfg.run.report_to, folder, to_dict(record), enabled=comm.rank == 0)
+        run.watch.open(cfg.run.report_to, folder, to_dict(record), comm.rank == 0, cfg.fl.rounds,
+                       run.start_round)
         stop.set_immediate(False)  # from here a signal stops at the end of the round
-        run.clock = Clock(cfg.fl.rounds, done=run.start_round - 1)  # this attempt's rounds
+        budget = None
         for r in range(run.start_round, cfg.fl.rounds + 1):
+            budget = _over_budget(run, r, cfg)
+            if budget is not None:
+                log(budget)
+                break
             _round(run, r, cfg, comm, folder, log, stop, progress)
-        _finish(run, cfg, comm, folder, log, stop, record)
+        _finish(run, cfg, comm, folder, log, stop, record, budget)
     finally:
-        run.trackers.close()
+        run.watch.close()
     return folder
+
+
+def _over_budget(run: _Attempt, r: int, cfg: Config) -> str | None:
+    """Why the run stops before round ``r`` (``privacy.max_epsilon``), or None. ε depends on the
+    config and the rounds charged only -- never on clients' data -- so every rank decides alike
+    and the decision itself releases nothing."""
+    limit = cfg.privacy.max_epsilon
+    if limit is None:
+        return None
+    eps = run.world.ledger.epsilon_if_charged(r)
+    if eps <= limit:
+        return None
+    return (f"stopped before round {r}: its charge would take epsilon to {eps:.4g}, past "
+            f"privacy.max_epsilon {limit:g}")
+
+
+def _start_notes(cfg: Config, world: Any) -> list[str]:
+    """What a user must hear before a run starts: σ = 0, a void guarantee (and why), a model
+    from random init, σ derived from the target, a budget the run keeps."""
+    p = cfg.privacy
+    notes = []
+    if p.mechanism == "gaussian":
+        if p.target_epsilon is not None:
+            notes.append(f"privacy: sigma {p.noise_multiplier:.6g} for target epsilon "
+                         f"{p.target_epsilon:g} over {cfg.fl.rounds} rounds at delta {p.delta:g}")
+        if p.noise_multiplier == 0:
+            notes.append("warning: privacy.noise_multiplier is 0: the update is released "
+                         "without noise")
+        notes += [f"warning: guarantee void: {reason}" for reason in
+                  world.ledger.ledger.void_reasons]
+        if p.max_epsilon is not None:
+            notes.append(f"privacy: the run stops before a round that would take epsilon past "
+                         f"privacy.max_epsilon {p.max_epsilon:g}")
+    if cfg.model.checkpoint is None:
+        from cluster_fl.models import get_arch
+
+        if get_arch(cfg.model.arch).tiny:
+            notes.append(f"warning: model.checkpoint is not set: {cfg.model.arch} starts from "
+                         "random init")
+    return notes
 
 
 def _resume(cfg: Config, comm: Comm, folder: Path, log: Log, progress: dict) -> _Attempt:
@@ -327,17 +406,20 @@ def _resume(cfg: Config, comm: Comm, folder: Path, log: Log, progress: dict) -> 
     from cluster_fl.engine.metrics import SkippedRows
 
     main = comm.rank == 0
-    oplog = OperatorLog(folder, main)  # exact facts: outside the run folder, unprotected
-    ckpt = load_run_checkpoint(folder, rounds=cfg.fl.rounds)
+    oplog = OperatorLog(folder, main, private=_private(cfg))  # exact facts, outside the folder
+    ckpt = load_run_checkpoint(folder, rounds=cfg.fl.rounds, nonce=cfg.run.nonce,
+                               check_nonce=True)
     setup.set_threads(cfg, comm)
     t_start = time.perf_counter()
     world = setup.build_world(cfg, comm, log)
     skipped = SkippedRows(folder, world.evaluation.store.errors, _owners(world.engine.clients),
                           main, lambda msg: oplog("skipped", message=msg))
     run = _Attempt(world, world.initial_state, [], 1, oplog, skipped, t_start,
-                   Clock(cfg.fl.rounds), Performance.of(world),
-                   Trackers((), folder, {}))  # opened by _train, with the recorded config
-    world.ledger.attach(folder, main)
+                   Watch(world, cfg.fl.rounds))
+    world.ledger.attach(folder, main, nonce=cfg.run.nonce,
+                        dataset=DatasetLedger(cfg, folder) if _private(cfg) else None)
+    for note in _start_notes(cfg, world):
+        log(note)
     world.ledger.resume(ckpt)
     if ckpt is not None:  # checkpoints hold host tensors; the state lives on the model's device
         run.state = {k: v.to(world.placement.device) for k, v in ckpt["state"].items()}
@@ -371,17 +453,13 @@ def _round(run: _Attempt, r: int, cfg: Config, comm: Comm, folder: Path, log: Lo
     out.row["epsilon"] = world.ledger.epsilon()
     evaluated = ""
     if cfg.eval.every and r % cfg.eval.every == 0 and r < rounds:
-        t_eval = time.perf_counter()
-        summary, _ = world.evaluate(run.state)  # every rank decodes its slice
-        run.perf.evaluation_s += time.perf_counter() - t_eval
+        with run.watch.evaluating():
+            summary, _ = world.evaluate(run.state)  # every rank decodes its slice
         if summary is not None:
             out.row.update({k: v for k, v in summary.items() if k.startswith("wer")})
             evaluated = wer_text(summary)  # readable where diagnostics are not
     run.rows.append(out.row)
-    run.clock.tick()
-    run.perf.add_round(out.operator, out.row)  # a private run counts the public cohort
-    log(progress_line(r, rounds, out.row, evaluated), screen=run.clock.line())
-    run.trackers.log_round(r, out.row)  # the released row, nothing of the operator's
+    run.watch.round(r, progress_line(r, rounds, out.row, evaluated), out.row, out.operator, log)
     run.oplog("round", round=r, **out.operator)
     facts = out.operator
     if facts.get("trained", 0) - facts.get("nonfinite", 0) < 1:
@@ -395,31 +473,35 @@ def _round(run: _Attempt, r: int, cfg: Config, comm: Comm, folder: Path, log: Lo
     if main:
         write_rows(folder / "rounds.parquet", run.rows)
         if r % cfg.run.checkpoint_every == 0 or r == rounds or stop_now:
-            save_run_checkpoint(folder, {"round": r,
+            save_run_checkpoint(folder, {"round": r, "run_nonce": cfg.run.nonce,
                                          "state": {k: v.cpu() for k, v in run.state.items()},
                                          **world.state_dicts(), "rows": run.rows})
             progress["checkpoint_round"] = r
         write_status(folder, "running", r, rounds)
+        flatten_times(folder)  # no file dates the round (log.txt's line above included)
     comm.barrier(slow=True)  # waits for rank 0's checkpoint write
     if stop_now and r < rounds:
         if main:
             write_status(folder, "preempted", r, rounds)
         log(f"stopped by signal after round {r}; checkpoint saved, resubmit to resume")
+        if main:
+            flatten_times(folder)
         raise Preempted(folder)
 
 
 def _finish(run: _Attempt, cfg: Config, comm: Comm, folder: Path, log: Log, stop: StopFlag,
-            record: Config) -> None:
-    """The final evaluation and the run's last writes (rank 0), then every rank waits."""
+            record: Config, budget: str | None = None) -> None:
+    """The final evaluation and the run's last writes (rank 0), then every rank waits.
+    ``budget``: why the run stopped before its last round (``privacy.max_epsilon``)."""
     from cluster_fl.engine.metrics import write_rows
 
     world, main, rounds = run.world, comm.rank == 0, cfg.fl.rounds
-    _check_contributions(run.rows, run.quiet, rounds - run.start_round + 1, run.oplog,
+    last = run.rows[-1]["round"] if budget is not None and run.rows else rounds
+    _check_contributions(run.rows, run.quiet, max(last - run.start_round + 1, 0), run.oplog,
                          world.engine.layout.lanes)
     stop.set_immediate(True)  # the final evaluation: a signal stops it at once
-    t_eval = time.perf_counter()
-    summary, eval_rows = world.evaluate(run.state)  # sharded over lanes; rank 0 gets the rows
-    run.perf.evaluation_s += time.perf_counter() - t_eval
+    with run.watch.evaluating():
+        summary, eval_rows = world.evaluate(run.state)  # sharded over lanes; rank 0 gets rows
     stop.set_immediate(False)  # the last writes take a moment: let them finish
     run.skipped.collect(comm)
     if main:
@@ -429,14 +511,15 @@ def _finish(run: _Attempt, cfg: Config, comm: Comm, folder: Path, log: Log, stop
         run.oplog("done", wall_s=final.pop("wall_s", None), skipped_utterances=run.skipped.total)
         if record.privacy.secure_mode:  # the drawn seed is no part of the record
             final.update(seed=None, config_json=json.dumps(to_dict(record), sort_keys=True))
+        if budget is not None:
+            final["rounds"] = last  # the rounds charged, not fl.rounds
         write_rows(folder / "final.parquet", [final])
-        run.trackers.log_final(rounds, final)
-        write_status(folder, "done", rounds, rounds)
+        write_status(folder, "done", last, rounds,
+                     **({"reason": budget} if budget is not None else {}))
         log(f"done: WER {final.get('wer', float('nan')):.4f}, epsilon {final['epsilon']:.3g} "
             f"[{world.ledger.to_json()['guarantee']}] -> {folder}")
-        for line in run.perf.summary():  # exact timings: the screen and the operator log only
-            log.screen(line)
-            run.oplog("performance", message=line)
+        run.watch.final(last, final, log, run.oplog)  # exact timings: screen and operator log
+        flatten_times(folder)
     comm.barrier(slow=True)  # waits for rank 0's scoring and writes
 
 

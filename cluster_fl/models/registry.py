@@ -191,8 +191,13 @@ def feature_shape(model_cfg: "ModelConfig") -> FeatureShape:
 
 def resolve_shapes(cfg: "Config") -> "Config":
     """``cfg`` with ``data.n_mels`` set from the model (0 = the model's), or a ConfigError when
-    the config asks for other mel bins than the model takes, naming both values. Idempotent:
-    every entry point (commands, grids, the engine, pretraining) calls it on what it reads."""
+    the config asks for other mel bins than the model takes, naming both values.
+
+    Called at the entrance of a run and nowhere below it (tests/test_architecture.py holds the
+    list): the command layer (``commands.load_checked``), a grid's expansion
+    (``sweep.gridspec``) and the engine's ``run_training``; what the engine, data, models,
+    pretraining, calibration and sizing receive is already resolved
+    (``config.require_resolved``)."""
     from cluster_fl.config import ConfigError
 
     shape = feature_shape(cfg.model)

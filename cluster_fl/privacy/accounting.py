@@ -53,6 +53,22 @@ GUARANTEES = {
 }
 # weakest first: a table cell of several runs shows the weakest guarantee among them
 GUARANTEE_ORDER = ("none", "void", "simulation", "valid")
+# the final evaluation releases per-utterance transcripts and errors exactly (eval.parquet)
+EVAL_ON_CLIENTS = ("the evaluation set shares speakers with the clients (data.eval_split): "
+                   "eval.parquet releases their utterances' transcripts and errors exactly")
+# what ε is a bound for, said beside it: the two samplings' ε are not comparable
+RELATIONS = {
+    "poisson": "add/remove one client (Poisson cohorts); N is treated as public",
+    "fixed": "replace one client (fixed-size cohorts of a public N)",
+}
+# the secure sampler's truncation: each Box-Muller pair's radius is at most
+# sqrt(2*53*ln 2) = 8.57, i.e. the pair misses tail mass 2^-53 = 1.1e-16; a noised coordinate sums
+# 4 normals (2 pairs), so at most 2.3e-16 of the accounted Gaussian's mass is cut per noised
+# coordinate and round. Not added to δ (docs/privacy.md states the bound; the sampler's float
+# grid is the floating-point question noise.py's sum of four addresses, not this one)
+NOISE_TAIL = ("secure-mode noise: each coordinate sums 4 Box-Muller normals cut at 8.57 sigma "
+              "(the accounted Gaussian's tails lose at most 2.3e-16 of mass per noised coordinate "
+              "and round, not added to delta; see docs/privacy.md)")
 PLD_FALLBACK = ("dp-accounting's PLD accountant does not support sampling without replacement; "
                 "fixed-size cohorts are accounted with RDP")
 
@@ -136,14 +152,15 @@ def epsilon_of_events(events: Sequence[RoundEvent], delta: float,
     if len(fixed) > 1:
         raise ValueError("a run mixes Poisson and fixed-size rounds")
     acc, used = _accountant(accountant, fixed.pop())
-    for e in events:
-        acc.compose(e.dp_event())
-    # dp-accounting logs (via absl) each RDP order it drops for not converging; dropping an
-    # order can only make ε larger (conservative), so these warnings are noise on stderr
+    # dp-accounting logs (via absl) each RDP order it drops for not converging -- while composing
+    # (where the RDP curve is computed), not only in get_epsilon; dropping an order can only make
+    # ε larger (conservative), so these warnings are noise on stderr (~100 per `account`)
     absl = logging.getLogger("absl")
     level = absl.level
     absl.setLevel(logging.ERROR)
     try:
+        for e in events:
+            acc.compose(e.dp_event())
         eps = float(acc.get_epsilon(delta))
     finally:
         absl.setLevel(level)
@@ -183,6 +200,49 @@ def noise_multiplier_for_epsilon(target_epsilon: float, sampling_rate: float, ro
     return hi
 
 
+def side_noise_multiplier(cfg: Any) -> float | None:
+    """The releases besides the update a round of ``cfg`` makes on its cohort -- the adaptive
+    statistic and the noised diagnostics -- folded into one multiplier (None: none)."""
+    p = cfg.privacy
+    side = p.stat_noise_multiplier if is_adaptive(p) and p.adaptive_private else None
+    z_d = release_multiplier(p)
+    if z_d is not None:
+        side = z_d if side is None else (side ** -2 + z_d ** -2) ** -0.5
+    return side
+
+
+def resolve_noise_multiplier(cfg: Any, population: int) -> Any:
+    """``cfg`` with σ derived from ``privacy.target_epsilon`` when σ is unset: the smallest σ
+    whose ε after ``fl.rounds`` rounds (update, adaptive statistic and diagnostics composed, as
+    the run's ledger charges them) stays within the target. With both set, a σ whose ε passes
+    the target is a :class:`UserError`. Without a target (or a mechanism), ``cfg`` unchanged."""
+    import dataclasses
+
+    p = cfg.privacy
+    if p.mechanism != "gaussian" or p.target_epsilon is None:
+        return cfg
+    if is_adaptive(p) and not p.adaptive_private:
+        raise UserError("privacy.target_epsilon cannot be met: non-private adaptive statistics "
+                        "void the guarantee (set privacy.adaptive_private=true)")
+    m = cfg.fl.clients_per_round
+    if population < 1 or m > population:
+        raise UserError(f"fl.clients_per_round ({m}) must be between 1 and the number of "
+                        f"clients ({population}); set privacy.population or fl.clients_per_round")
+    kwargs = dict(accountant=p.accountant, sampling=cfg.fl.sampling, population=population,
+                  cohort_size=m, statistic_noise_multiplier=side_noise_multiplier(cfg))
+    if p.noise_multiplier is None:
+        sigma = noise_multiplier_for_epsilon(p.target_epsilon, m / population, cfg.fl.rounds,
+                                             p.delta, **kwargs)
+        return dataclasses.replace(cfg, privacy=dataclasses.replace(p, noise_multiplier=sigma))
+    eps = compute_epsilon(p.noise_multiplier, m / population, cfg.fl.rounds, p.delta, **kwargs)
+    if eps > p.target_epsilon * (1 + 1e-9):
+        raise UserError(f"privacy.noise_multiplier {p.noise_multiplier:g} reaches epsilon "
+                        f"{eps:.4g} after {cfg.fl.rounds} rounds, past privacy.target_epsilon "
+                        f"{p.target_epsilon:g}: leave privacy.noise_multiplier unset to derive "
+                        "it from the target, or raise the target")
+    return cfg
+
+
 def effective_noise_multipliers(policy: Any, sigma: float) -> tuple[dict[str, float],
                                                                     dict[str, float]]:
     """Per-pool and per-group effective noise multipliers σ·C/C_k (= σ/√α_k for a pool), with the
@@ -202,7 +262,11 @@ class PrivacyLedger:
                  sampling: str = "poisson", population: int | None = None,
                  cohort_size: int | None = None,
                  diagnostics_noise_multiplier: float | None = None) -> None:
+        if privacy.noise_multiplier is None:
+            raise ValueError("privacy.noise_multiplier is unresolved: derive it from "
+                             "privacy.target_epsilon first (resolve_noise_multiplier)")
         self.privacy = privacy
+        self.sigma: float = privacy.noise_multiplier
         self.sampling_rate = float(sampling_rate)
         self.sampling = sampling
         self.population = population
@@ -239,7 +303,7 @@ class PrivacyLedger:
 
     def record_policy(self, policy: Any) -> None:
         """Record pools (share, threshold, effective σ) and whether statistics are private."""
-        sig_pool, _ = effective_noise_multipliers(policy, self.privacy.noise_multiplier)
+        sig_pool, _ = effective_noise_multipliers(policy, self.sigma)
         thr = policy.pool_thresholds()
         self.pools = [{"name": p.name, "share": p.share, "threshold": thr[p.name],
                        "effective_noise_multiplier": sig_pool[p.name], "rule": p.rule}
@@ -266,7 +330,7 @@ class PrivacyLedger:
         z_d = self.diagnostics_noise_multiplier
         if z_d is not None:  # one more Gaussian on the same cohort: σ_eff⁻² adds up
             z_s = z_d if z_s is None else (z_s ** -2 + z_d ** -2) ** -0.5
-        ev = RoundEvent(p.noise_multiplier, z_s, not adaptive or private, self.sampling,
+        ev = RoundEvent(self.sigma, z_s, not adaptive or private, self.sampling,
                         self.sampling_rate, self.population, self.cohort_size, rounds)
         if self.events and self.events[-1].key() == ev.key():
             last = self.events.pop()
@@ -284,7 +348,8 @@ class PrivacyLedger:
         # the engine asks every round; PLD / without-replacement RDP take ~0.1-1 s, so memoise
         key = tuple((e.key(), e.count) for e in self.events)
         if key not in self._cache:
-            self._cache.clear()
+            if len(self._cache) > 4:
+                self._cache.clear()
             self._cache[key] = epsilon_of_events(self.events, self.privacy.delta,
                                                  self.privacy.accountant)[0]
         return self._cache[key]
@@ -308,6 +373,8 @@ class PrivacyLedger:
             "diagnostics": self.privacy.diagnostics,
             "diagnostics_noise_multiplier": self.diagnostics_noise_multiplier,
             "secure_mode": self.privacy.secure_mode,
+            "neighbouring_relation": RELATIONS.get(self.sampling, self.sampling),
+            "noise_tail": NOISE_TAIL if self.privacy.secure_mode else None,
         }
 
     def write(self, path: str | Path) -> None:
@@ -339,6 +406,13 @@ def ledger_for(cfg: Any, population: int) -> PrivacyLedger:
     ledger = PrivacyLedger(cfg.privacy, sampling_rate=m / population, sampling=cfg.fl.sampling,
                            population=population, cohort_size=m,
                            diagnostics_noise_multiplier=release_multiplier(cfg.privacy))
+    if cfg.privacy.mechanism == "gaussian" and cfg.privacy.delta >= 1.0 / population:
+        # δ ≥ 1/N admits a mechanism that releases one client's data whole with probability δ
+        ledger.add_void_reason(f"privacy.delta {cfg.privacy.delta:g} is not below 1/N = "
+                               f"1/{population}: an (epsilon, delta) guarantee with delta >= 1/N "
+                               "allows releasing a client's data outright")
+    if cfg.privacy.mechanism == "gaussian" and cfg.data.eval_split == cfg.data.client_split:
+        ledger.add_void_reason(EVAL_ON_CLIENTS)
     if cfg.privacy.mechanism == "gaussian" and cfg.privacy.diagnostics == "exact":
         ledger.add_void_reason("privacy.diagnostics=exact: exact per-client diagnostics (norms, "
                                "clip flags, losses) are released without noise")

@@ -90,7 +90,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from cluster_fl.config import Config
+from cluster_fl.config import Config, require_resolved
 from cluster_fl.errors import UserError
 from cluster_fl.precision import dtype_name
 from cluster_fl.sizing.activations import (FRAMES_PER_SECOND, MODES, ModelShape, Workload,
@@ -174,9 +174,8 @@ def plan(cfg: Config, gpus: int, gpu_memory_gib: float, seconds: float = 15.0,
     ``runs_per_gpu`` N > 1 also ``"pack"``: whether N one-GPU runs of ``cfg`` fit on one GPU
     (each its own process: N x the G = 1 total, overhead included)."""
     from cluster_fl.models import apply_lora, build_skeleton
-    from cluster_fl.models.registry import resolve_shapes
 
-    cfg = resolve_shapes(cfg)
+    require_resolved(cfg, "plan")
     if gpus < 1:
         raise UserError(f"--gpus: got {gpus}; a plan needs at least one GPU")
     if not gpu_memory_gib > 0 or not math.isfinite(gpu_memory_gib):

@@ -28,10 +28,7 @@ run its own ``cluster-fl train`` process, after ``plan`` has checked that they f
 
 from __future__ import annotations
 
-import os
-import signal
 import socket
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -42,11 +39,12 @@ import submitit
 from submitit.helpers import Checkpointable, DelayedSubmission
 
 from cluster_fl.config import Config, build_config, to_dict
-from cluster_fl.distributed.launch import submitit_torch_env, torch_env_set
-from cluster_fl.errors import PREEMPTED_EXIT, UserError
+from cluster_fl.distributed.launch import export_submitit_env
+from cluster_fl.errors import UserError
 from cluster_fl.progress import Tally
 from cluster_fl.sweep.gridspec import Grid, Resources, RunSpec, expand, run_folder
 from cluster_fl.sweep.pack import check_packing, pack_tasks
+from cluster_fl.sweep.requeue import requeue
 from cluster_fl.sweep import status as status_mod
 from cluster_fl.sweep.status import RESUBMIT, grid_states, write_registry
 
@@ -61,20 +59,6 @@ def _engine_train(cfg: Config) -> Path:
     return Path(run_training(cfg))
 
 
-def _export_torch_env() -> None:
-    """Translate a multi-task submitit/SLURM job into the variables torch.distributed reads
-    (what torchrun would set), unless a launcher already set them."""
-    if torch_env_set():
-        return
-    try:
-        env = submitit.JobEnvironment()
-    except RuntimeError:  # not inside a submitit job
-        return
-    if env.num_tasks <= 1:
-        return
-    os.environ.update(submitit_torch_env(env))
-
-
 class GridTask(Checkpointable):
     """One cell x seed: runs (or resumes) the training of one config; picklable, requeueable."""
 
@@ -83,7 +67,7 @@ class GridTask(Checkpointable):
         self.train_fn = train_fn
 
     def __call__(self) -> str:
-        _export_torch_env()
+        export_submitit_env()
         cfg = build_config(self.config)
         try:
             return str((self.train_fn or _engine_train)(cfg))
@@ -92,7 +76,7 @@ class GridTask(Checkpointable):
             # round boundary and raises ``Preempted`` (matched by name so this module need not
             # import torch). Hand over to the requeue path, as submitit's own handler would.
             if type(exc).__name__ == "Preempted":
-                _requeue(self)
+                requeue(self)
             else:
                 _record_failure(cfg, exc)
             raise
@@ -101,41 +85,6 @@ class GridTask(Checkpointable):
         """Requeue the same task: the engine checkpoints atomically every round and on start
         resumes from the run folder, so no state needs to travel with the task."""
         return DelayedSubmission(self, *args, **kwargs)
-
-
-def _requeue(task: GridTask) -> None:
-    """Checkpoint ``task`` into the job's pickle and requeue the job (exits the process); when
-    the scheduler is already stopping the job, exit without a result instead (see the module
-    docstring). Returns only when not inside a requeueable submitit job."""
-    from submitit.core.job_environment import SignalHandler
-
-    try:
-        env = submitit.JobEnvironment()
-    except RuntimeError:
-        return
-    if env.cluster not in ("slurm", "local"):
-        return
-    if env.cluster == "slurm":
-        state = status_mod.slurm_job_state(env.job_id)
-        if state is not None and state != "RUNNING":
-            _leave(f"job {env.job_id} is {state}: the scheduler is stopping it (requeue, "
-                   "preemption or cancel); not requeueing it again")
-    delayed = DelayedSubmission.load(env.paths.submitted_pickle)
-    delayed.function = task
-    try:
-        SignalHandler(env, env.paths, delayed).checkpoint_and_try_requeue(signal.SIGUSR2)
-    except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as exc:
-        # raced with the scheduler's own requeue or cancel between the check and the call
-        _leave(f"scontrol requeue {env.job_id} failed ({exc}); the scheduler decides what runs next")
-    # the handler returns only on ranks other than 0, whose rank 0 requeues the whole job
-    _leave(f"rank {env.global_rank}: checkpointed; rank 0 requeues job {env.job_id}")
-
-
-def _leave(message: str) -> None:
-    """End this attempt without a submitit result: the run folder holds the checkpoint and
-    ``grid``/``status`` read the run's fate from it once the scheduler is done with the job."""
-    print(f"cluster-fl grid: {message}", file=sys.stderr, flush=True)
-    raise SystemExit(PREEMPTED_EXIT)
 
 
 def _record_failure(cfg: Config, exc: Exception) -> None:

@@ -38,6 +38,7 @@ from cluster_fl.config import Config, build_config, dump_config, to_dict
 from cluster_fl.distributed.launch import cpu_mask, single_process_env, split_cpus, task_gpus
 from cluster_fl.errors import PREEMPTED_EXIT, UserError
 from cluster_fl.sweep.gridspec import Grid, RunSpec
+from cluster_fl.sweep.requeue import requeue
 
 GIB = 1024 ** 3
 
@@ -124,9 +125,7 @@ class GridPack:
         codes = {str(cfg.run.run_id): p.returncode for cfg, p in zip(cfgs, procs)}
         self._record(cfgs, slots, procs)
         if any(code == PREEMPTED_EXIT for code in codes.values()):
-            from cluster_fl.sweep.grid import _requeue
-
-            _requeue(self)  # requeues the whole task (finished runs are skipped on restart)
+            requeue(self)  # requeues the whole task (finished runs are skipped on restart)
             raise SystemExit(PREEMPTED_EXIT)
         failed = {run: code for run, code in codes.items() if code != 0}
         if failed:

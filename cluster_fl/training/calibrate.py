@@ -84,7 +84,6 @@ def probe_norms(cfg: Config, speakers: int = 8, rounds: int = 1) -> dict[str, An
     from cluster_fl.engine.setup import make_batches
     from cluster_fl.models import build_model, get_trainable, trainable_groups
     from cluster_fl.models.lora import _trainable_params
-    from cluster_fl.models.registry import resolve_shapes
     from cluster_fl.privacy.clipping import safe_norm
     from cluster_fl.seeding import derive_seed
 
@@ -101,7 +100,7 @@ def probe_norms(cfg: Config, speakers: int = 8, rounds: int = 1) -> dict[str, An
     if not pseudo:
         raise UserError(f"data: no speakers in split {PUBLIC_SPLIT!r} for languages "
                         f"{','.join(d.languages)} under {root}; the probe uses public data only")
-    store = FeatureStore.from_config(resolve_shapes(cfg).data)  # mel bins of the model
+    store = FeatureStore.from_config(cfg.data)  # resolved at the entrance: the model's mel bins
     if cfg.run.threads:
         torch.set_num_threads(cfg.run.threads)
     # Same seed -> same random init, so two probes differ only in what the caller changed.

@@ -41,7 +41,7 @@ from cluster_fl.errors import UserError
 from cluster_fl.eval.evaluate import evaluate
 from cluster_fl.models.build import build_base
 from cluster_fl.models.checkpoint import load_checkpoint, read_meta, save_checkpoint
-from cluster_fl.models.registry import get_arch, resolve_shapes
+from cluster_fl.models.registry import get_arch
 from cluster_fl.models.speech_llm import SpeechLLM, collate
 from cluster_fl.progress import format_duration, on_terminal
 
@@ -226,7 +226,7 @@ def train(model: SpeechLLM, examples: Sequence[Any], *, lr: float, batch_size: i
 def _load_public(cfg: Config) -> list[Any]:
     from cluster_fl.data import FeatureStore  # the data package owns corpus reading and features
 
-    store = FeatureStore.from_config(resolve_shapes(cfg).data)  # mel bins of the model
+    store = FeatureStore.from_config(cfg.data)  # resolved at the entrance: the model's mel bins
     examples = store.split("public", languages=list(cfg.data.languages))
     if not examples:
         raise UserError(f"pretrain: no public utterances under {cfg.data.corpus}; "
@@ -315,7 +315,7 @@ def pretrain(cfg: Config, examples: Sequence[Any] | None = None, force: bool = F
     start_step, start_elapsed, history, opt_state, joint_start = 0, 0.0, [], None, None
     if (out / "meta.json").is_file() and not force and (out / "train_state.pt").is_file():
         model = load_checkpoint(out)
-        state = torch.load(out / "train_state.pt", weights_only=False)
+        state = torch.load(out / "train_state.pt", weights_only=True)
         start_step, start_elapsed = state["step"], state["elapsed_s"]
         history, opt_state = state["history"], state["optimizer"]
         joint_start = state.get("joint_start", 0)

@@ -15,6 +15,7 @@ from cluster_fl import cli
 from cluster_fl.config import (SECTIONS, Config, ConfigError, build_config, dump_config,
                                load_config, override, to_dict, valid_keys)
 from cluster_fl.models.registry import resolve_shapes
+from resolved import resolved_config  # noqa: E402  (tests stand at a run's entrance)
 
 LAYOUT = str(Path(__file__).parents[1] / "privacy" / "data" / "layout.yaml")
 
@@ -139,16 +140,15 @@ def test_cluster_path_keys_are_validated_with_the_key_named():
 
 
 def test_lane_layout_keys_do_not_change_the_run_id():
-    from cluster_fl.config import load_config
     from cluster_fl.engine.rundir import run_id
 
-    base = run_id(load_config(None, []))
-    assert run_id(load_config(None, ["model.shard=fsdp2", "model.shard_group_size=4",
+    base = run_id(resolved_config(None, []))
+    assert run_id(resolved_config(None, ["model.shard=fsdp2", "model.shard_group_size=4",
                                      "model.activation_checkpointing=true",
                                      "run.wait_timeout_s=99"])) == base
     # decoding's KV cache: the same tokens either way (tests/models/test_decoding.py)
-    assert run_id(load_config(None, ["eval.decode_cache=dynamic"])) == base
-    assert run_id(load_config(None, ["model.dtype=bfloat16"])) != base
+    assert run_id(resolved_config(None, ["eval.decode_cache=dynamic"])) == base
+    assert run_id(resolved_config(None, ["model.dtype=bfloat16"])) != base
 
 
 def test_files_enter_the_run_id_by_their_last_name():
@@ -157,7 +157,7 @@ def test_files_enter_the_run_id_by_their_last_name():
     from cluster_fl.engine.rundir import run_id
 
     def rid(corpus: str, ckpt: str) -> str:
-        return run_id(load_config(None, [f"data.corpus={corpus}", f"model.checkpoint={ckpt}"]))
+        return run_id(resolved_config(None, [f"data.corpus={corpus}", f"model.checkpoint={ckpt}"]))
 
     here = rid("/home/a/.cache/cluster_fl/corpus-v3", "/home/a/ckpt/tiny-1600steps")
     assert rid("/scratch/b/corpus-v3/", "/scratch/b/tiny-1600steps") == here

@@ -15,6 +15,7 @@ import pytest
 from cluster_fl import cli
 from cluster_fl.config import (ConfigError, build_config, dump_config, load_config,
                                parse_override, override, yaml_load)
+from resolved import resolved_config  # noqa: E402  (tests stand at a run's entrance)
 
 
 @pytest.mark.parametrize("text,value", [("fl.lr=1e-3", 1e-3), ("privacy.delta=1e-5", 1e-5),
@@ -89,14 +90,14 @@ def test_a_null_seed_outside_secure_mode_is_refused():
 def test_secure_run_ids_say_so_and_research_ids_do_not_move():
     from cluster_fl.engine.rundir import run_id
 
-    secure = run_id(load_config(None, ["privacy.secure_mode=true"]))
+    secure = run_id(resolved_config(None, ["privacy.secure_mode=true"]))
     assert "_ssecure_" in secure
     # pinned (computed before this change): results/ folders and grids rely on ids. Moved once,
     # on 2026-12-05: the default corpus became corpus-v3 and paths enter ids by their last name
     # (with the base dtype of those runs: the default became `auto`, bf16 on AMX CPUs)
-    assert run_id(load_config(None, ["model.dtype=float32"])) == \
+    assert run_id(resolved_config(None, ["model.dtype=float32"])) == \
         "whisper-tinyllama-tiny_unfrozen_alpha-split_s0_6c0e30c8"
-    assert run_id(load_config(None, ["privacy.clipping=flat", "fl.lr=1e-3", "privacy.delta=1e-5",
+    assert run_id(resolved_config(None, ["privacy.clipping=flat", "fl.lr=1e-3", "privacy.delta=1e-5",
                                      "data.languages=[en,de]", "model.dtype=float32"])
                   ) == "whisper-tinyllama-tiny_unfrozen_flat_s0_c7b22315"
 
@@ -104,9 +105,9 @@ def test_secure_run_ids_say_so_and_research_ids_do_not_move():
 def test_missing_language_opt_out_is_a_bookkeeping_key():
     from cluster_fl.engine.rundir import run_id
 
-    base = load_config(None, [])
+    base = resolved_config(None, [])
     assert base.data.allow_missing_languages is False
-    assert run_id(load_config(None, ["data.allow_missing_languages=true"])) == run_id(base)
+    assert run_id(resolved_config(None, ["data.allow_missing_languages=true"])) == run_id(base)
 
 
 def test_secure_mode_without_the_masked_secure_sum_is_refused():

@@ -4,30 +4,58 @@ single-process fake, and the bitwise comparison used by the 1-vs-N-process parit
 from __future__ import annotations
 
 import math
+import os
+import shutil
 
 import numpy as np
 import pytest
 import torch
 
 from cluster_fl.distributed import (LocalComm, bitwise_differences, detect_launch, env_from_slurm,
-                             expand_nodelist, init_comm, slurm_port)
+                                    expand_nodelist, init_comm, parse_nodelist, slurm_port)
+from cluster_fl.distributed.launch import scontrol_hostnames
 
-
-@pytest.mark.parametrize("nodelist, hosts", [
+NODELISTS = [
     ("node[01-03,07]", ["node01", "node02", "node03", "node07"]),
     ("gpu5", ["gpu5"]),
     ("a1,b[8-10],c", ["a1", "b8", "b9", "b10", "c"]),
     ("r[1-2]-n[3,05]", ["r1-n3", "r1-n05", "r2-n3", "r2-n05"]),
     ("x[009-011]", ["x009", "x010", "x011"]),
-])
-def test_expand_nodelist_expands_ranges_and_keeps_padding(nodelist, hosts):
-    assert expand_nodelist(nodelist) == hosts
+]
+
+
+@pytest.mark.parametrize("nodelist, hosts", NODELISTS)
+def test_the_nodelist_parser_expands_ranges_and_keeps_padding(nodelist, hosts):
+    assert parse_nodelist(nodelist) == hosts
+    assert expand_nodelist(nodelist) == hosts  # scontrol's answer where it is installed
 
 
 @pytest.mark.parametrize("bad", ["node[01-", "node]1[", "node[3-1]", "node[a-b]"])
-def test_expand_nodelist_rejects_malformed_lists(bad):
+def test_the_nodelist_parser_rejects_malformed_lists(bad):
     with pytest.raises(ValueError, match="SLURM node list"):
-        expand_nodelist(bad)
+        parse_nodelist(bad)
+
+
+@pytest.mark.parametrize("nodelist", [n for n, _ in NODELISTS]
+                         + ["gpu[1-3,10-12],cpu7", "n[0-1]x[2-3]", "a-b[1-2],c[07-9]"])
+def test_the_nodelist_parser_agrees_with_scontrol(nodelist, tmp_path, monkeypatch):
+    if shutil.which("scontrol") is None:
+        pytest.skip("scontrol is not installed here (CI installs slurm-client)")
+    if "SLURM_CONF" not in os.environ:  # expanding a host list needs a config, not a cluster
+        conf = tmp_path / "slurm.conf"
+        conf.write_text("ClusterName=t\nSlurmctldHost=localhost\n"
+                        "NodeName=localhost CPUs=1 State=UNKNOWN\n"
+                        "PartitionName=p Nodes=localhost Default=YES\n")
+        monkeypatch.setenv("SLURM_CONF", str(conf))
+    hosts = scontrol_hostnames(nodelist)
+    assert hosts is not None, "scontrol show hostnames refused a valid host list"
+    assert parse_nodelist(nodelist) == hosts
+
+
+def test_without_scontrol_the_parser_answers(monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert scontrol_hostnames("node[1-2]") is None
+    assert expand_nodelist("node[1-2]") == ["node1", "node2"]
 
 
 def _slurm(**extra: str) -> dict[str, str]:
@@ -99,16 +127,29 @@ def test_bitwise_differences_sees_sign_of_zero_dtype_and_one_ulp():
     assert bitwise_differences(float("nan"), float("nan")) == []
 
 
-def test_submitit_jobs_get_torchruns_variables_with_the_slurm_port_rule():
-    from types import SimpleNamespace
+def test_submitit_jobs_get_torchruns_variables_from_submitits_own_helper(monkeypatch):
+    from cluster_fl.distributed import export_submitit_env, launch_rank, torch_env_set
 
-    from cluster_fl.distributed import launch_rank, submitit_torch_env, torch_env_set
-
-    job = SimpleNamespace(raw_job_id="4242_7", hostnames=["gpu3", "gpu4"], global_rank=5,
-                          num_tasks=8, local_rank=1, num_nodes=2)
-    env = submitit_torch_env(job)
-    assert env == {"MASTER_ADDR": "gpu3", "MASTER_PORT": str(slurm_port("42427")), "RANK": "5",
-                   "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4"}
+    job = {"SUBMITIT_EXECUTOR": "slurm", "SLURM_JOB_ID": "4249", "SLURM_ARRAY_JOB_ID": "4242",
+           "SLURM_ARRAY_TASK_ID": "7", "SLURM_NTASKS": "8", "SLURM_JOB_NUM_NODES": "2",
+           "SLURM_NODEID": "1", "SLURM_JOB_NODELIST": "gpu[3-4]", "SLURM_PROCID": "5",
+           "SLURM_LOCALID": "1"}
+    for key in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK",
+                "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in job.items():
+        monkeypatch.setenv(key, value)
+    env: dict[str, str] = {}
+    assert export_submitit_env(env)
+    port = env.pop("MASTER_PORT")
+    assert env == {"MASTER_ADDR": "gpu3", "RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1",
+                   "LOCAL_WORLD_SIZE": "4"}
+    other: dict[str, str] = {}
+    assert export_submitit_env(other) and other["MASTER_PORT"] == port  # every task agrees
+    assert not export_submitit_env({**env, "MASTER_PORT": port})  # a launcher's are kept
+    monkeypatch.setenv("SLURM_NTASKS", "1")
+    assert not export_submitit_env({})  # one task: nothing to rendezvous
+    env["MASTER_PORT"] = port
     assert torch_env_set(env) and not torch_env_set({"SLURM_PROCID": "0"})
     assert launch_rank(env) == 5 and launch_rank({}) == 0
     assert launch_rank({"SLURM_PROCID": "3", "SLURM_NTASKS": "4"}) == 3

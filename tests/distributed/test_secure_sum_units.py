@@ -188,3 +188,21 @@ def test_the_range_check_reserves_the_offset_tail():
     with pytest.raises(SecureSumRangeError):
         SecureSummer({"g": 4}, frac_bits=42, max_clients=2**20, bounds=1.0,
                      offset_bounds={"g": 2.0**21})
+
+
+def test_a_private_sum_sends_no_exact_contribution_counts():
+    """The per-field counts rode in the masked buffer and every rank decoded the exact number of
+    contributing clients (item 8); a DP run's buffer carries zeros there, and its sum
+    is the same."""
+    def summed(release: bool):
+        s = SecureSummer({"g": 3}, frac_bits=32, max_clients=8, bounds=1.0, mode="plain",
+                         release_counts=release)
+        for x in (0.25, -0.5, 0.125):
+            s.add({"g": torch.full((3,), x, dtype=torch.float64)})
+        wire = s.masked_partial(0, 1, round=1)
+        return wire, s.reduce(LocalComm(), round=1)["g"]
+
+    shown, total = summed(True)
+    hidden, same = summed(False)
+    assert int(shown[-1]) == 3 and int(hidden[-1]) == 0  # the count travelled; now it does not
+    assert torch.equal(total, same)

@@ -21,6 +21,7 @@ if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
 from cluster_fl.config import Config, load_config  # noqa: E402
+from cluster_fl.models.registry import resolve_shapes  # noqa: E402  (tests are a run's entrance)
 from cluster_fl.engine.client import ClientUpdate  # noqa: E402
 from cluster_fl.engine.round import ClientData, RoundEngine  # noqa: E402
 from cluster_fl.engine.server import ServerOptimizer  # noqa: E402
@@ -49,7 +50,7 @@ def tiny_overrides(corpus: Path, out: Path, *extra: str) -> list[str]:
 
 
 def tiny_config(corpus: Path, out: Path, *extra: str) -> Config:
-    return load_config(None, tiny_overrides(corpus, out, *extra))
+    return resolve_shapes(load_config(None, tiny_overrides(corpus, out, *extra)))
 
 
 def cohort_sizes(folder: Path) -> list[int]:
@@ -109,8 +110,8 @@ def zero_state(dtype: torch.dtype = torch.float64) -> dict[str, torch.Tensor]:
 
 def engine_config(*extra: str) -> Config:
     """Config for a fake-runner RoundEngine over ``fake_clients``: fixed cohort, alpha-split."""
-    return load_config(None, ["fl.sampling=fixed", "privacy.clipping=alpha-split",
-                              "privacy.alpha=0.25", "privacy.clip_norm=1.0", *extra])
+    return resolve_shapes(load_config(None, ["fl.sampling=fixed", "privacy.clipping=alpha-split",
+                                             "privacy.alpha=0.25", "privacy.clip_norm=1.0", *extra]))
 
 
 def make_engine(cfg: Config, runner: FakeRunner, n_clients: int, comm: Any = None,

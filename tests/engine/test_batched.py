@@ -30,6 +30,7 @@ from cluster_fl.engine import cohort as cohort_mod
 from cluster_fl.engine.batched import StackedAdamW
 from cluster_fl.errors import PREEMPTED_EXIT
 from cluster_fl.engine.train import run_training
+from resolved import resolved_config  # noqa: E402  (tests stand at a run's entrance)
 
 HERE = Path(__file__).resolve().parent
 REL_TOL = 1e-4
@@ -293,9 +294,9 @@ def test_a_zero_lr_multiplier_freezes_a_component_in_a_block_as_alone(world, blo
 
 
 def test_batched_clients_with_sharded_lanes_is_a_config_error():
-    from cluster_fl.config import ConfigError, load_config
+    from cluster_fl.config import ConfigError
 
     with pytest.raises(ConfigError, match="fl.clients_per_step.*model.shard_group_size: 1"):
-        load_config(None, ["fl.clients_per_step=4", "model.shard=fsdp2",
+        resolved_config(None, ["fl.clients_per_step=4", "model.shard=fsdp2",
                            "model.shard_group_size=2"])
-    assert load_config(None, ["fl.clients_per_step=4", "model.shard=fsdp2"]).fl.clients_per_step == 4
+    assert resolved_config(None, ["fl.clients_per_step=4", "model.shard=fsdp2"]).fl.clients_per_step == 4

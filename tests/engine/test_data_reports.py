@@ -20,19 +20,19 @@ import torch
 
 from engine_helpers import tiny_config
 
-from cluster_fl.config import load_config
 from cluster_fl.engine.setup import load_clients
 from cluster_fl.errors import UserError
+from resolved import resolved_config  # noqa: E402  (tests stand at a run's entrance)
 
 
 def test_a_language_the_corpus_lacks_is_an_error_unless_the_user_opts_out(tiny_corpus):
-    cfg = load_config(None, [f"data.corpus={tiny_corpus}", "data.languages=[en,sv]"])
+    cfg = resolved_config(None, [f"data.corpus={tiny_corpus}", "data.languages=[en,sv]"])
     with pytest.raises(UserError) as exc:
         load_clients(cfg)
     msg = str(exc.value)
     assert "data.languages" in msg and "sv" in msg and "data.allow_missing_languages" in msg
     logged: list[str] = []
-    cfg = load_config(None, [f"data.corpus={tiny_corpus}", "data.languages=[en,sv]",
+    cfg = resolved_config(None, [f"data.corpus={tiny_corpus}", "data.languages=[en,sv]",
                              "data.allow_missing_languages=true"])
     _, clients, eval_utts = load_clients(cfg, logged.append)
     assert clients and {c.language for c in clients} == {"en"}

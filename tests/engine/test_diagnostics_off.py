@@ -15,9 +15,9 @@ import torch
 from engine_helpers import (FAKE_GROUPS, FakeRunner, engine_config, make_engine, random_update,
                             zero_state)
 
-from cluster_fl.config import load_config
 from cluster_fl.engine.rundir import run_id
 from cluster_fl.privacy import compute_epsilon, ledger_for
+from resolved import resolved_config  # noqa: E402  (tests stand at a run's entrance)
 
 CLIENT_STATISTICS = ("loss", "total_norm", "clip_rate", "n_clients", "n_skipped", "n_nonfinite",
                      "diag_noise_std", "clip_rate/", "retained/", "mean_norm/", "norm/")
@@ -70,13 +70,13 @@ def test_off_is_not_charged_by_the_accountant():
 
 
 def test_on_and_off_read_from_yaml_and_the_default_run_id_is_unchanged():
-    assert load_config(None, ["privacy.diagnostics=off"]).privacy.diagnostics == "off"
-    on = load_config(None, ["privacy.diagnostics=on"])
+    assert resolved_config(None, ["privacy.diagnostics=off"]).privacy.diagnostics == "off"
+    on = resolved_config(None, ["privacy.diagnostics=on"])
     assert on.privacy.diagnostics == "noised"
     # the id of the default config, as before privacy.diagnostics learned `off` (with the base
     # dtype of those runs: the default became `auto`, which computes in bf16 on AMX CPUs)
     expected = "whisper-tinyllama-tiny_unfrozen_alpha-split_s0_6c0e30c8"
     fp32 = ["model.dtype=float32"]
-    assert run_id(load_config(None, fp32)) == run_id(load_config(None, ["privacy.diagnostics=on",
+    assert run_id(resolved_config(None, fp32)) == run_id(resolved_config(None, ["privacy.diagnostics=on",
                                                                         *fp32])) == expected
-    assert run_id(load_config(None)) == run_id(on)
+    assert run_id(resolved_config(None)) == run_id(on)

@@ -13,7 +13,8 @@ import torch
 from engine_helpers import tiny_config
 
 from cluster_fl.cli import main
-from cluster_fl.engine.export import ADAPTER_DIR, run_config, trained_model
+from cluster_fl.commands import load_checked
+from cluster_fl.engine.export import ADAPTER_DIR, trained_model
 from cluster_fl.engine.train import run_training
 
 
@@ -35,7 +36,7 @@ def test_peft_loads_the_decoder_adapter_with_the_runs_logits(exported):
     assert config.base_model_name_or_path == str((out / "base" / "decoder").resolve())
     base = AutoModelForCausalLM.from_pretrained(str(out / "base" / "decoder"))
     peft = PeftModel.from_pretrained(base, str(out / ADAPTER_DIR)).eval()
-    ours, _ = trained_model(folder, run_config(folder))
+    ours, _ = trained_model(folder, load_checked(str(folder / "config.yaml"), []))
     ids = torch.randint(0, base.config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         want = ours.decoder(input_ids=ids).logits
@@ -68,7 +69,11 @@ def test_the_model_card_reads_its_figures_from_the_run_folder(exported):
     assert f"| ε | {privacy['epsilon']:.4g} |" in card
     assert f"| δ | {privacy['delta']} |" in card
     assert f"| guarantee | {privacy['guarantee']}:" in card
-    assert "| neighbouring relation | add or remove one client (Poisson sampling)" in card \
-        or "| neighbouring relation | replace one client" in card
+    assert f"| neighbouring relation | {privacy['neighbouring_relation']} (one client" in card
     assert "| clipping | alpha-split, C = " in card and "| rounds | 2 |" in card
     assert "after round 2 of 2" in card and "test WER " in card
+
+
+def test_export_of_a_folder_that_is_no_run_is_one_line(tmp_path, capsys):
+    assert main(["export", str(tmp_path), str(tmp_path / "out")]) == 2
+    assert "is not a run folder (no config.yaml)" in capsys.readouterr().err

@@ -9,10 +9,11 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from cluster_fl.config import ConfigError, dump_config, load_config
+from cluster_fl.config import ConfigError, dump_config
 from cluster_fl.engine.feeder import (RESIDENT_SHARE, ClientFeeder, estimate_feature_bytes,
                                       keep_resident)
 from cluster_fl.errors import UserError
+from resolved import resolved_config  # noqa: E402  (tests stand at a run's entrance)
 
 GPU, CPU = torch.device("cuda", 0), torch.device("cpu")
 GiB = 2**30
@@ -38,25 +39,25 @@ def test_a_bad_value_is_an_error_naming_the_key_and_the_allowed_values():
     with pytest.raises(UserError, match="data.device_resident: got 'yes'; allowed: auto, true"):
         keep_resident("yes", CPU, 0, 0)
     with pytest.raises(ConfigError, match="'data.device_resident'.*allowed: auto, true, false"):
-        load_config(None, ["data.device_resident=always"])
+        resolved_config(None, ["data.device_resident=always"])
     with pytest.raises(ConfigError, match="data.device_resident"):
-        load_config(None, ["data.device_resident=1"])
+        resolved_config(None, ["data.device_resident=1"])
 
 
 def test_yaml_booleans_are_the_settings_and_survive_a_dump(tmp_path):
-    assert load_config(None, []).data.device_resident == "auto"
+    assert resolved_config(None, []).data.device_resident == "auto"
     for given in ("true", "false", "auto"):
-        cfg = load_config(None, [f"data.device_resident={given}"])
+        cfg = resolved_config(None, [f"data.device_resident={given}"])
         assert cfg.data.device_resident == given
         path = tmp_path / f"{given}.yaml"
         path.write_text(dump_config(cfg))
-        assert load_config(str(path), []).data.device_resident == given
+        assert resolved_config(str(path), []).data.device_resident == given
 
 
 def test_the_key_does_not_change_the_run_id():
     from cluster_fl.engine.rundir import run_id
 
-    ids = {run_id(load_config(None, [f"data.device_resident={v}"])) for v in ("auto", "false")}
+    ids = {run_id(resolved_config(None, [f"data.device_resident={v}"])) for v in ("auto", "false")}
     assert len(ids) == 1
 
 

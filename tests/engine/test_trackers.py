@@ -115,9 +115,12 @@ def test_mlflow_holds_the_released_values_where_it_is_installed(tiny_corpus, tmp
 
 
 def test_report_to_is_checked_and_does_not_change_the_run_id(tmp_path):
-    base = load_config(None, [])
+    from cluster_fl.models.registry import resolve_shapes
+
+    base = resolve_shapes(load_config(None, []))
     assert base.run.report_to == ()
-    assert run_id(load_config(None, ["run.report_to=[tensorboard,wandb]"])) == run_id(base)
+    tracked = resolve_shapes(load_config(None, ["run.report_to=[tensorboard,wandb]"]))
+    assert run_id(tracked) == run_id(base)
     assert load_config(None, ["run.report_to=none"]).run.report_to == ()
     with pytest.raises(UserError, match="run.report_to"):
         load_config(None, ["run.report_to=[tensorbord]"])

@@ -7,9 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cluster_fl.config import ModelConfig, load_config
+from cluster_fl.config import ModelConfig
 from cluster_fl.errors import UserError
 from cluster_fl.models import REGISTRY, build_base, build_model, save_checkpoint
+from resolved import resolved_config  # noqa: E402  (tests stand at a run's entrance)
 
 TINY = [name for name, spec in REGISTRY.items() if spec.tiny]
 
@@ -97,13 +98,13 @@ def test_misuse_is_refused(pretrained, tmp_path):
 def test_the_default_leaves_run_ids_alone():
     from cluster_fl.engine.rundir import run_id
 
-    default = load_config(None)
+    default = resolved_config(None)
     assert default.model.connector_init == "checkpoint"
     # the id runs had before connector_init existed (their base dtype, float32, pinned)
-    old = load_config(None, ["model.dtype=float32"])
+    old = resolved_config(None, ["model.dtype=float32"])
     assert run_id(old) == "whisper-tinyllama-tiny_unfrozen_alpha-split_s0_6c0e30c8"
-    fresh = load_config(None, ["model.checkpoint=/x", "model.connector_init=fresh"])
-    assert run_id(fresh) != run_id(load_config(None, ["model.checkpoint=/x"]))
+    fresh = resolved_config(None, ["model.checkpoint=/x", "model.connector_init=fresh"])
+    assert run_id(fresh) != run_id(resolved_config(None, ["model.checkpoint=/x"]))
     # a seed given without a fresh connector seeds nothing and changes no id
-    assert load_config(None, ["model.connector_seed=5"]).model.connector_seed is None
-    assert run_id(load_config(None, ["model.connector_seed=5"])) == run_id(default)
+    assert resolved_config(None, ["model.connector_seed=5"]).model.connector_seed is None
+    assert run_id(resolved_config(None, ["model.connector_seed=5"])) == run_id(default)

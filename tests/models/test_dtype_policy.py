@@ -10,7 +10,8 @@ import torch
 from hf_checkpoints import save_voxtral, save_whisper_llama
 
 from cluster_fl.config import ModelConfig, load_config
-from cluster_fl.distributed.parallelize import DTYPES, Placement, parallelize
+from cluster_fl.distributed.parallelize import Placement, parallelize
+from cluster_fl.precision import DTYPES
 from cluster_fl.models import build_model, get_trainable, trainable_parameters
 
 SAVED = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}

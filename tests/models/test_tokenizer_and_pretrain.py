@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from cluster_fl.config import ModelConfig, load_config
+from cluster_fl.config import ModelConfig
 from cluster_fl.data.vocab import LANGUAGES, NUMBERS, WORDS
 from cluster_fl.errors import UserError
 from cluster_fl.models import CharTokenizer, build_base, load_checkpoint, load_tokenizer
 from cluster_fl.training.pretrain import batch_order, pretrain, split_heldout, train
+from resolved import resolved_config  # noqa: E402  (tests stand at a run's entrance)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -57,7 +58,7 @@ def test_short_pretraining_lowers_the_loss(utterances):
 
 
 def test_pretrain_command_saves_a_checkpoint_and_reuses_it(tmp_path, tiny_corpus):
-    cfg = load_config(None, [f"pretrain.out={tmp_path / 'pre'}", "pretrain.steps=3",
+    cfg = resolved_config(None, [f"pretrain.out={tmp_path / 'pre'}", "pretrain.steps=3",
                              f"data.corpus={tiny_corpus}", "data.languages=[en, de, fr]",
                              f"data.feature_cache={tmp_path / 'features'}",
                              "pretrain.minutes=0", "pretrain.heldout_speakers=1",
@@ -71,7 +72,7 @@ def test_pretrain_command_saves_a_checkpoint_and_reuses_it(tmp_path, tiny_corpus
     second = pretrain(cfg, log=logs.append)
     assert second["cached"] and second["step"] == 3
     with pytest.raises(Exception, match="pretrain"):
-        load_config(None, ["pretrain.steps=0", "pretrain.minutes=0"])
+        resolved_config(None, ["pretrain.steps=0", "pretrain.minutes=0"])
 
 
 def _capped_clock(monkeypatch, seconds_per_call: float = 1.0) -> None:
@@ -102,17 +103,17 @@ def test_a_minutes_cap_that_cuts_a_step_budget_fails_and_the_resume_finishes_it(
             "pretrain.eval_utterances=3", "pretrain.steps=5", "pretrain.ctc_warmstart=0.4",
             f"data.corpus={tiny_corpus}", "data.languages=[en, de, fr]",
             f"data.feature_cache={tmp_path / 'features'}", "eval.max_new_tokens=2"]
-    pretrain(load_config(None, base + [f"pretrain.out={tmp_path / 'whole'}", "pretrain.minutes=0"]),
+    pretrain(resolved_config(None, base + [f"pretrain.out={tmp_path / 'whole'}", "pretrain.minutes=0"]),
              log=lambda s: None)
     _capped_clock(monkeypatch)  # one reading per step: a cap of 3 s stops after 2 steps
     capped = base + [f"pretrain.out={tmp_path / 'cut'}", f"pretrain.minutes={3 / 60}"]
     with pytest.raises(UserError, match="cap .* ran out at step 2 of the pretrain.steps budget 5"):
-        pretrain(load_config(None, capped), log=lambda s: None)
+        pretrain(resolved_config(None, capped), log=lambda s: None)
     assert json.loads((tmp_path / "cut" / "meta.json").read_text())["done"] is False
     monkeypatch.undo()
     logs: list[str] = []
     # the cap is no part of the recipe under a step budget: lifting it resumes the same run
-    result = pretrain(load_config(None, base + [f"pretrain.out={tmp_path / 'cut'}",
+    result = pretrain(resolved_config(None, base + [f"pretrain.out={tmp_path / 'cut'}",
                                                 "pretrain.minutes=0"]), log=logs.append)
     assert any("resuming from step 2" in line for line in logs) and result["step"] == 5
     whole, cut = _weights(tmp_path / "whole"), _weights(tmp_path / "cut")
@@ -124,16 +125,16 @@ def test_a_checkpoint_of_another_recipe_is_not_reused_or_resumed(tmp_path, tiny_
             "pretrain.heldout_speakers=1", "pretrain.batch_size=4", "pretrain.eval_utterances=3",
             f"data.corpus={tiny_corpus}", "data.languages=[en, de, fr]",
             f"data.feature_cache={tmp_path / 'features'}", "eval.max_new_tokens=2"]
-    pretrain(load_config(None, base + ["pretrain.steps=2"]), log=lambda s: None)
+    pretrain(resolved_config(None, base + ["pretrain.steps=2"]), log=lambda s: None)
     with pytest.raises(UserError, match=r"another recipe: .*pretrain.steps \(2 there, 4 here\)"):
-        pretrain(load_config(None, base + ["pretrain.steps=4"]), log=lambda s: None)
+        pretrain(resolved_config(None, base + ["pretrain.steps=4"]), log=lambda s: None)
     with pytest.raises(UserError, match=r"seed \(0 there, 1 here\)"):
-        pretrain(load_config(None, base + ["pretrain.steps=2", "run.seed=1"]), log=lambda s: None)
+        pretrain(resolved_config(None, base + ["pretrain.steps=2", "run.seed=1"]), log=lambda s: None)
     # where evaluations go and how many: not the recipe
-    again = pretrain(load_config(None, base + ["pretrain.steps=2", "pretrain.eval_utterances=2"]),
+    again = pretrain(resolved_config(None, base + ["pretrain.steps=2", "pretrain.eval_utterances=2"]),
                      log=lambda s: None)
     assert again["cached"]
-    assert pretrain(load_config(None, base + ["pretrain.steps=4"]), force=True,
+    assert pretrain(resolved_config(None, base + ["pretrain.steps=4"]), force=True,
                     log=lambda s: None)["step"] == 4
 
 
@@ -149,7 +150,7 @@ def test_two_step_budgeted_pretrains_from_scratch_give_identical_checkpoints(
             f"data.feature_cache={tmp_path / 'features'}", "eval.max_new_tokens=2"]
     for name, extra in (("a", ["pretrain.eval_every=0"]), ("b", ["pretrain.eval_every=1"]),
                         ("c", ["pretrain.eval_every=0", "run.seed=1"])):
-        pretrain(load_config(None, base + extra + [f"pretrain.out={tmp_path / name}"]),
+        pretrain(resolved_config(None, base + extra + [f"pretrain.out={tmp_path / name}"]),
                  log=lambda s: None)
     a, b, c = (_weights(tmp_path / n) for n in "abc")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
@@ -231,16 +232,16 @@ def test_pretraining_resumes_inside_the_ctc_warmstart(tmp_path, tiny_corpus, mon
     # (steps 0 and 1 of 4)
     _capped_clock(monkeypatch)
     with pytest.raises(UserError, match="ran out at step 1 "):
-        pretrain(load_config(None, base + [f"pretrain.minutes={3 / 60}"]), log=logs.append)
+        pretrain(resolved_config(None, base + [f"pretrain.minutes={3 / 60}"]), log=logs.append)
     monkeypatch.undo()
     state = torch.load(tmp_path / "pre" / "train_state.pt", weights_only=False)
     assert state["joint_start"] is None and state["step"] == 1
     assert not any("held-out WER" in line and "step      1" in line for line in logs)
-    result = pretrain(load_config(None, base + ["pretrain.minutes=0"]), log=logs.append)
+    result = pretrain(resolved_config(None, base + ["pretrain.minutes=0"]), log=logs.append)
     assert result["step"] == 4
     assert torch.load(tmp_path / "pre" / "train_state.pt", weights_only=False)["joint_start"] == 2
     with pytest.raises(Exception, match="ctc_warmstart"):
-        load_config(None, ["pretrain.ctc_warmstart=1"])
+        resolved_config(None, ["pretrain.ctc_warmstart=1"])
 
 
 def test_separate_pretraining_trains_the_encoder_then_the_decoder_never_the_connector(utterances):
@@ -307,20 +308,20 @@ def test_ctc_transcribe_merges_repeats_and_drops_blanks(utterances):
 
 def test_separate_mode_needs_its_encoder_share_and_is_not_mixed_with_joint(tmp_path, tiny_corpus):
     with pytest.raises(Exception, match="ctc_warmstart"):
-        load_config(None, ["pretrain.mode=separate", "pretrain.ctc_warmstart=0"])
+        resolved_config(None, ["pretrain.mode=separate", "pretrain.ctc_warmstart=0"])
     with pytest.raises(Exception, match="pretrain.mode"):
-        load_config(None, ["pretrain.mode=apart"])
+        resolved_config(None, ["pretrain.mode=apart"])
     base = [f"pretrain.out={tmp_path / 'pre'}", "pretrain.minutes=0", "pretrain.eval_every=0",
             "pretrain.heldout_speakers=1", "pretrain.batch_size=4", "pretrain.eval_utterances=3",
             "pretrain.steps=2", f"data.corpus={tiny_corpus}", "data.languages=[en, de, fr]",
             f"data.feature_cache={tmp_path / 'features'}", "eval.max_new_tokens=2"]
     logs: list[str] = []
-    result = pretrain(load_config(None, base + ["pretrain.mode=separate"]), log=logs.append)
+    result = pretrain(resolved_config(None, base + ["pretrain.mode=separate"]), log=logs.append)
     assert 0.0 <= result["wer"] and any("CTC (encoder) WER" in line for line in logs)
     meta = json.loads((tmp_path / "pre" / "meta.json").read_text())
     assert meta["mode"] == "separate" and meta["wer_kind"] == "encoder CTC greedy"
     with pytest.raises(Exception, match="pretrain.mode=separate"):
-        pretrain(load_config(None, base), log=lambda s: None)
+        pretrain(resolved_config(None, base), log=lambda s: None)
 
 
 def test_the_demo_and_study_pretrains_are_budgeted_in_steps():
@@ -329,5 +330,5 @@ def test_the_demo_and_study_pretrains_are_budgeted_in_steps():
     for path in (REPO / "configs" / "pretrain.yaml", REPO / "configs" / "pretrain-repro.yaml",
                  REPO / "cluster_fl" / "assets" / "demo.yaml",
                  REPO / "cluster_fl" / "assets" / "demo-heavy.yaml"):
-        pc = load_config(path).pretrain
+        pc = resolved_config(path).pretrain
         assert pc.steps > 0 and pc.minutes == 0, path

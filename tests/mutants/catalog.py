@@ -29,8 +29,8 @@ M = "tests/eval/test_metric_pins.py::"
 
 MUTANTS: list[Mutant] = [
     Mutant("noise-sigma-not-sigma-C", "cluster_fl/engine/round.py",
-           (("stds[g.name] = p.noise_multiplier * p.clip_norm",
-             "stds[g.name] = p.noise_multiplier"),),
+           (("stds[g.name] = p.sigma * p.clip_norm",
+             "stds[g.name] = p.sigma"),),
            (E + "test_round_engine.py::test_released_noise_scales_with_the_clip_norm_at_c_one_half",),
            "update noise std σ instead of σ·C: under-noised whenever C > 1"),
     Mutant("noise-on-every-rank", "cluster_fl/engine/round.py",
@@ -275,4 +275,21 @@ MUTANTS: list[Mutant] = [
             "test_cluster_fl_takes_the_same_local_steps_as_the_peers",),
            "cluster_fl takes fewer local steps than the peers: the speed ratio compares "
            "unequal work"),
+    Mutant("checkpoint-unpickles-code", "cluster_fl/engine/checkpoint.py",
+           (('weights_only=True)  # no code runs', 'weights_only=False)  # no code runs'),),
+           (R + "test_trust.py::"
+            "test_a_checkpoint_that_carries_code_is_refused_and_the_code_never_runs",),
+           "a resume unpickles state.pt before any check: a crafted checkpoint runs a command"),
+    Mutant("secure-run-evaluates-on-clients", "cluster_fl/engine/setup.py",
+           (("    if cfg.privacy.secure_mode:\n        raise UserError(f\"data.eval_split: ",
+             "    if False:\n        raise UserError(f\"data.eval_split: "),),
+           (P + "test_release_scope.py::"
+            "test_evaluation_speakers_that_are_clients_are_refused_in_secure_mode_and_void_otherwise",),
+           "a secure run evaluates on its clients' speakers and records 'valid' while "
+           "eval.parquet holds their transcripts and exact errors"),
+    Mutant("resume-ignores-the-nonce", "cluster_fl/engine/checkpoint.py",
+           (('    if check_nonce and ckpt.get("run_nonce") != nonce:',
+             '    if False:'),),
+           (R + "test_trust.py::test_another_runs_checkpoint_and_ledger_copied_in_are_refused",),
+           "another run's state.pt with the same config, copied in, is resumed as this run's"),
 ]

@@ -20,6 +20,7 @@ from cluster_fl.config import CLIPPING_METHODS, INSIDE_POOL_RULES, ConfigError, 
 from cluster_fl.groups import GroupSpec, clipping_units, layer_of
 from cluster_fl.privacy import make_policy
 from privacy_helpers import privacy, update_norm
+from resolved import resolved_config  # noqa: E402  (tests stand at a run's entrance)
 
 PER_LAYER = ("uniform", "size", "uniform-ema", "size-ema", "quantile", "probe")
 
@@ -248,22 +249,20 @@ def test_group_table_names_each_groups_unit_and_the_audit_canary_keeps_c():
 
 
 def test_unknown_grouping_is_a_clear_config_error():
-    from cluster_fl.config import load_config
 
     with pytest.raises(ConfigError, match=r"privacy\.grouping.*'layers'.*allowed: matrix, layer"):
         PrivacyConfig(grouping="layers")
     with pytest.raises(ConfigError, match=r"privacy\.grouping"):
-        load_config(None, ["privacy.grouping=block"])
-    assert load_config(None, ["privacy.grouping=layer"]).privacy.grouping == "layer"
+        resolved_config(None, ["privacy.grouping=block"])
+    assert resolved_config(None, ["privacy.grouping=layer"]).privacy.grouping == "layer"
     with pytest.raises(ValueError, match="grouping"):
         clipping_units([GroupSpec("a", "encoder", 1)], "block")
 
 
 def test_the_run_id_is_unchanged_at_the_default_grouping(monkeypatch):
-    from cluster_fl.config import load_config
     from cluster_fl.engine import rundir
 
-    default = load_config(None, ["model.dtype=float32"])  # the base dtype of those runs
+    default = resolved_config(None, ["model.dtype=float32"])  # the base dtype of those runs
     assert default.privacy.grouping == "matrix"
     before = rundir.run_id(default)
     # the id of the default config, as before privacy.grouping existed (tests/engine too)
@@ -278,4 +277,4 @@ def test_the_run_id_is_unchanged_at_the_default_grouping(monkeypatch):
     monkeypatch.setattr(rundir, "to_dict", without_grouping)
     assert rundir.run_id(default) == before  # as if the key did not exist
     monkeypatch.undo()
-    assert rundir.run_id(load_config(None, ["privacy.grouping=layer"])) != before
+    assert rundir.run_id(resolved_config(None, ["privacy.grouping=layer"])) != before

@@ -46,9 +46,10 @@ def config_file(corpus: Path, out: Path, *extra: str) -> Path:
 
 def folder_of(corpus: Path, out: Path, *extra: str) -> Path:
     from cluster_fl.config import load_config
+    from cluster_fl.models.registry import resolve_shapes  # a test stands at the entrance
     from cluster_fl.engine.rundir import run_dir
 
-    return run_dir(load_config(None, overrides(corpus, out, *extra)))
+    return run_dir(resolve_shapes(load_config(None, overrides(corpus, out, *extra))))
 
 
 def train_in_process(corpus: Path, out: Path, *extra: str) -> Path:

@@ -22,13 +22,13 @@ import pytest
 from reliability_helpers import (ROUNDS, Driven, assert_identical, cli, config_file, folder_of,
                                  overrides, status)
 
-from cluster_fl.config import load_config
 from cluster_fl.privacy import compute_epsilon
+from resolved import resolved_config  # noqa: E402  (tests stand at a run's entrance)
 
 
 def expected_epsilon(corpus, out, rounds: int, *extra: str, population: int) -> float:
     """ε from the config alone: σ, q = m/N, δ, z_s and z_d composed, T rounds."""
-    cfg = load_config(None, overrides(corpus, out, *extra))
+    cfg = resolved_config(None, overrides(corpus, out, *extra))
     p = cfg.privacy
     side = (p.stat_noise_multiplier ** -2 + p.diagnostics_noise_multiplier ** -2) ** -0.5
     return compute_epsilon(p.noise_multiplier, cfg.fl.clients_per_round / population, rounds,

@@ -28,6 +28,7 @@ from reliability_helpers import (Driven, cli, config_file, folder_of, one_line_e
                                  temp_files)
 
 from cluster_fl.errors import PREEMPTED_EXIT
+from resolved import resolved_config  # noqa: E402  (tests stand at a run's entrance)
 
 
 @pytest.fixture(scope="module")
@@ -109,17 +110,32 @@ def test_a_checkpoint_copied_in_from_another_run_is_refused(killed_after_round_1
     longer = reference["folder"] / "checkpoint" / "state.pt"  # 3 rounds, done
     # another run's settings (2 rounds): another id -- the checkpoint names its run
     config, folder = _copy(killed_after_round_1, tiny_corpus, tmp_path / "other", "fl.rounds=2")
-    from cluster_fl.config import load_config
     from cluster_fl.engine.rundir import write_config
     from reliability_helpers import overrides
 
-    write_config(folder, load_config(None, overrides(tiny_corpus, tmp_path / "other",
+    write_config(folder, resolved_config(None, overrides(tiny_corpus, tmp_path / "other",
                                                      "fl.rounds=2")))
     shutil.copy(longer, folder / "checkpoint" / "state.pt")
     _refused(config, folder, "belongs to run", reference["folder"].name)
-    # the same run's id, further along than this attempt ever got: its ledger is behind it
+    # the same run's id and config, but another run: its nonce differs
     config, folder = _copy(killed_after_round_1, tiny_corpus, tmp_path / "same")
     shutil.copy(longer, folder / "checkpoint" / "state.pt")
+    _refused(config, folder, "state.pt", "belongs to another run")
+    # this very run's checkpoint, further along than its ledger: the ledger is behind it
+    import io
+
+    import torch
+    import yaml
+
+    from cluster_fl.engine.checkpoint import CONTENT_KEY, content_digest
+
+    config, folder = _copy(killed_after_round_1, tiny_corpus, tmp_path / "ahead")
+    ckpt = torch.load(longer, map_location="cpu", weights_only=True)
+    ckpt["run_nonce"] = yaml.safe_load((folder / "config.yaml").read_text())["run"]["nonce"]
+    ckpt[CONTENT_KEY] = content_digest({k: v for k, v in ckpt.items() if k != CONTENT_KEY})
+    buf = io.BytesIO()
+    torch.save(ckpt, buf)
+    (folder / "checkpoint" / "state.pt").write_bytes(buf.getvalue())
     _refused(config, folder, "privacy.json", "behind the checkpoint of round 3")
 
 

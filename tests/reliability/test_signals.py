@@ -84,3 +84,38 @@ def test_sigterm_through_the_cli_exits_75_and_the_rerun_is_identical(point, roun
     proc = cli("train", str(config))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert_identical(folder, reference)
+
+
+def test_the_train_command_imports_no_torch_before_its_stop_handlers():
+    """engine/provenance.py imported torch at module level, so ``train`` spent its first seconds
+    importing torch with no handler installed: a SIGTERM there exited 143 with no status."""
+    import subprocess
+    import sys
+
+    code = ("import sys, cluster_fl.commands.train; "
+            "assert 'torch' not in sys.modules, 'torch imported before the stop handlers'")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+
+
+@pytest.mark.parametrize("after_s", [0.7, 2.0])
+def test_sigterm_in_the_first_seconds_of_train_exits_75_not_143(after_s, tiny_corpus, tmp_path):
+    import subprocess
+    import sys
+    import time
+
+    config = config_file(tiny_corpus, tmp_path)
+    env = dict(os.environ, CLUSTER_FL_MALLOC="system")  # no re-exec: one interpreter start
+    proc = subprocess.Popen([sys.executable, "-m", "cluster_fl", "train", str(config)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        time.sleep(after_s)
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == PREEMPTED_EXIT, (proc.returncode, stderr[-2000:])
+    assert "Traceback" not in stderr

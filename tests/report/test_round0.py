@@ -11,6 +11,7 @@ from cluster_fl.sweep.gridspec import load_grid
 from cluster_fl.report.results import NO_CLIENT_DATA, find_runs
 from cluster_fl.report.round0 import score_round0
 from cluster_fl.report.table import summarise, to_markdown
+from resolved import resolved_config  # noqa: E402  (tests stand at a run's entrance)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -92,7 +93,7 @@ def test_round0_scores_one_starting_model_per_seed(tmp_path, tiny_corpus):
     connector; methods of one seed share it (the pairs of a paired test start together)."""
     import torch
 
-    from cluster_fl.config import ModelConfig, load_config
+    from cluster_fl.config import ModelConfig
     from cluster_fl.distributed import LocalComm
     from cluster_fl.engine.setup import build_world
     from cluster_fl.models import build_base, save_checkpoint
@@ -102,7 +103,7 @@ def test_round0_scores_one_starting_model_per_seed(tmp_path, tiny_corpus):
     save_checkpoint(base, base.tokenizer, tmp_path / "pre")
 
     def start(seed: int, method: str) -> dict[str, torch.Tensor]:
-        cfg = load_config(None, [f"data.corpus={tiny_corpus}", "data.languages=[en, de, fr]",
+        cfg = resolved_config(None, [f"data.corpus={tiny_corpus}", "data.languages=[en, de, fr]",
                                  f"model.checkpoint={tmp_path / 'pre'}",
                                  "model.connector_init=fresh", f"run.seed={seed}",
                                  f"privacy.clipping={method}", "run.threads=1",

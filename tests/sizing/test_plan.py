@@ -9,6 +9,7 @@ import pytest
 
 from cluster_fl.sizing import activations as A
 from cluster_fl.sizing import plan as P
+from resolved import resolved_config  # noqa: E402  (tests stand at a run's entrance)
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = str(REPO / "configs" / "arch" / "whisper-tinyllama-tiny.yaml")
@@ -142,9 +143,8 @@ def test_narrow_twin_scales_back_to_the_full_width():
 
 # ---- the plan and the command -------------------------------------------------------------------
 def _plan(*overrides, gpus=4, gib=80.0, seconds=2.0):
-    from cluster_fl.config import load_config
 
-    return P.plan(load_config(TINY, list(overrides)), gpus, gib, seconds=seconds)
+    return P.plan(resolved_config(TINY, list(overrides)), gpus, gib, seconds=seconds)
 
 
 @pytest.fixture(scope="module")

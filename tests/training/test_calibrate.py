@@ -15,9 +15,10 @@ import pytest
 import torch
 
 from cluster_fl.cli import main
-from cluster_fl.config import PrivacyConfig, load_config
+from cluster_fl.config import PrivacyConfig
 from cluster_fl.training import calibrate as cal
 from cluster_fl.groups import GroupSpec
+from resolved import resolved_config  # noqa: E402  (tests stand at a run's entrance)
 
 ARCH = Path(__file__).resolve().parents[2] / "configs" / "arch" / "whisper-tinyllama-tiny.yaml"
 
@@ -31,7 +32,7 @@ def overrides(corpus: Path, *extra: str) -> list[str]:
 @pytest.fixture(scope="module")
 def probes(tiny_corpus: Path) -> dict[float, dict]:
     torch.set_num_threads(1)
-    return {m: cal.calibrate(load_config(ARCH, overrides(tiny_corpus,
+    return {m: cal.calibrate(resolved_config(ARCH, overrides(tiny_corpus,
                                                          f"client.lr_encoder_mult={m}")),
                              speakers=3)
             for m in (1.0, 0.1)}
@@ -127,7 +128,7 @@ def test_cli_write_produces_a_loadable_preset_with_alpha(tiny_corpus, tmp_path, 
                  "--speakers", "2", "--write", str(out), "--json"])
     assert code == 0
     result = json.loads(capsys.readouterr().out)
-    cfg = load_config(out)
+    cfg = resolved_config(out)
     assert cfg.privacy.alpha == pytest.approx(result["recommendation"]["alpha"], rel=1e-3)
     assert cfg.privacy.clipping == result["method"]
     assert cfg.client.lr_encoder_mult == 0.1  # the probed overrides travel with the preset
@@ -136,7 +137,7 @@ def test_cli_write_produces_a_loadable_preset_with_alpha(tiny_corpus, tmp_path, 
     from cluster_fl.models import describe_groups
     from cluster_fl.privacy import make_policy
 
-    probe_cfg = load_config(out, ["privacy.clipping=probe"])
+    probe_cfg = resolved_config(out, ["privacy.clipping=probe"])
     policy = make_policy(probe_cfg.privacy, describe_groups(probe_cfg.model))
     norms = json.loads(Path(cfg.privacy.probe_norms).read_text())["norms"]
     thr = policy.thresholds()
@@ -146,7 +147,7 @@ def test_cli_write_produces_a_loadable_preset_with_alpha(tiny_corpus, tmp_path, 
 
 def test_single_step_probe_is_flagged(tiny_corpus):
     # 8 public utterances per speaker in one batch of 8: one step, every LoRA A stays exactly 0
-    cfg = load_config(ARCH, overrides(tiny_corpus, "fl.batch_size=8"))
+    cfg = resolved_config(ARCH, overrides(tiny_corpus, "fl.batch_size=8"))
     r = cal.calibrate(cfg, speakers=1)
     assert all(c["steps"] == 1 for c in r["probe"]["clients"])
     assert any("one local step" in w for w in r["warnings"])
