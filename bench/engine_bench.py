@@ -1,4 +1,4 @@
-"""Round-engine benchmarks (issue 4), each measured side by side in one run on this machine.
+"""Round-engine benchmarks, each measured side by side in one run on this machine.
 
     python bench/engine_bench.py overhead   # DP round (alpha-split + secure sum + noise) / FedAvg
     python bench/engine_bench.py ranks      # throughput 2 ranks / 1 rank (gloo, same cohort)

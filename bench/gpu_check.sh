@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU checks (issues 12, 24, 25), in one run on one CUDA GPU (<= 10 minutes). Prints its figures;
+# GPU checks, in one run on one CUDA GPU (<= 10 minutes). Prints its figures;
 # paste them into results/LOG.md with the date and the GPU's name. Run from the repository root
 # with the project installed (pip install -e '.[dev]' over your CUDA build of torch).
 #   1. tests marked gpu: the tiny model trains 2 rounds on CUDA in bf16 under NCCL (torchrun,
@@ -80,7 +80,7 @@ timeout 120 $PY bench/gpu_step.py speed --clients 24 --rounds 3 --variants 24c -
 fi
 
 if stage 5; then
-echo "== 5. peers on the GPU (issue 24 item 7): cluster_fl K = 1 / 24 against pfl-research, DP"
+echo "== 5. peers on the GPU: cluster_fl K = 1 / 24 against pfl-research, DP"
 # Flower's simulation needs Ray, whose wheel does not fit what this machine can be sent; on a
 # cluster node: add flower to --frameworks
 timeout 150 $PY -m bench.peers.run --device cuda --frameworks cluster_fl,pfl --privacy dp \

@@ -1,4 +1,4 @@
-"""GPU figures for issue 12 (run by ``bench/gpu_check.sh`` on a machine with one CUDA GPU).
+"""GPU figures of the cluster path (run by ``bench/gpu_check.sh`` on a machine with one CUDA GPU).
 
     python bench/gpu_step.py big   [--arch whisper-eurollm-9b --batch 4 --seconds 15]
     python bench/gpu_step.py speed [--clients 64 --rounds 2 --ks 1,16,64]

@@ -9,7 +9,7 @@ architecture (``whisper-tinyllama`` with ``model.encoder_path`` / ``decoder_path
 
 * ``G=1``: one process, ``from_pretrained`` of the whole base, unsharded;
 * ``G=2``: two gloo ranks forming one lane: the base built on the meta device, FSDP2 shards
-  allocated and only their rows read from the checkpoint (issue 25, item 4).
+  allocated and only their rows read from the checkpoint.
 
 Each configuration runs in fresh processes, side by side in one run. Each rank samples its
 resident set (psutil, every 2 ms) and reports three peaks over its baseline (the RSS after
@@ -18,7 +18,7 @@ resident set (psutil, every 2 ms) and reports three peaks over its baseline (the
 * **load** -- build, load and place the model, then read each of the rank's weights once (what
   a copy to a GPU does: ``from_pretrained`` maps the safetensors file and its pages become
   resident only when read). The host memory a rank needs before it trains: on a GPU cluster the
-  whole of it, since training then lives on the device. Issue 25's figure (goal G=2 / G=1 <=
+  whole of it, since training then lives on the device. The scale checks' figure (goal G=2 / G=1 <=
   0.6);
 * **train** -- from the moment the model is placed to the end of ``--steps`` client steps
   (forward + backward of a batch of 8 utterances + AdamW): on CPU the host memory of training;

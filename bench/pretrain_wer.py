@@ -1,6 +1,6 @@
 """Benchmark: held-out WER of the tiny speech-LLM after central pretraining on a CPU budget.
 
-Goal (issue 3): WER <= 0.25 on held-out public speakers within 15 minutes on 2 CPU cores.
+Goal: WER <= 0.25 on held-out public speakers within 15 minutes on 2 CPU cores.
 Builds the default synthetic corpus if missing, pretrains with ``configs/pretrain.yaml`` plus
 overrides, and writes a JSON record with the WER history (step, minutes, WER), the thread count
 and the machine load seen during the run, so a result can be read against its conditions.

@@ -1,4 +1,4 @@
-"""Where a client step's time goes on one CPU core, against what the core can do (issue 23).
+"""Where a client step's time goes on one CPU core, against what the core can do.
 
     python bench/step_profile.py profile [key=value ...]   # one configuration, profiled
     python bench/step_profile.py profile --config RUN/config.yaml   # a run's own workload
@@ -26,7 +26,7 @@ not depend on the weights.
 
 ``compare`` runs each configuration in a fresh process (``--reps`` interleaved repetitions) and
 prints client updates per second in steady state, the first round (compile included) and a
-12-round run, as ratios to the first configuration: today's default before issue 23 (fp32,
+12-round run, as ratios to the first configuration: today's default before the CPU-throughput work (fp32,
 eager, one client per step) against the new defaults.
 """
 
@@ -52,7 +52,7 @@ sys.path.insert(0, _TREE or str(ROOT))
 from bench.peers.common import Work, cluster_config, prepare  # noqa: E402
 
 WORK = Work(batch_size=8, local_steps=4, work_dir="/tmp/cluster_fl_step_profile")
-BASELINE_COMMIT = "ef1e172"  # main before issue 23: fp32, eager, random batches, PEFT hooks
+BASELINE_COMMIT = "ef1e172"  # main before the CPU-throughput work: fp32, eager, random batches, PEFT hooks
 # name -> (source tree: None = this one, a commit = a worktree of it; config overrides[;
 # environment]). A variant runs with the allocator the CLI would give it (cluster_fl/malloc.py:
 # jemalloc or tcmalloc when installed) unless its environment sets CLUSTER_FL_MALLOC=system; the
@@ -68,7 +68,7 @@ VARIANTS = {"before (ef1e172 defaults)": (BASELINE_COMMIT, [], SYSTEM_MALLOC),
                                             "fl.clients_per_step=24"]),
             "defaults (auto)": (None, []),
             "defaults, system malloc": (None, [], SYSTEM_MALLOC),
-            # the per-client tail before it was vectorised over a block (session 12)
+            # the per-client tail before it was vectorised over a block (2026-12-04)
             "defaults, per-client tail (8a49e88)": ("8a49e88", []),
             "K=24, per-client tail (8a49e88)": ("8a49e88", ["fl.clients_per_step=24"]),
             "defaults, K=24": (None, ["fl.clients_per_step=24"])}

@@ -24,16 +24,17 @@ COMMANDS: dict[str, str] = {
     "demo": "the embedded default, end to end, on CPU",
     "train": "one experiment (single process or under torchrun)",
     "grid": "expand a grid and submit it (local|slurm|debug)",
-    "status": "done / running / failed per cell of a grid",
-    "table": "multi-seed tables from results folders",
-    "plot": "figures from results folders",
-    "calibrate": "norm probe on public data -> alpha",
-    "plan": "per-GPU memory of a config; smallest lane size G",
+    "status": "how far each run of a grid is (round, ETA, epsilon, WER) and why one failed",
+    "table": "WER tables (mean over seeds, CIs, paired tests) from results folders",
+    "plot": "figures (WER per round, norms, clip rates) from results folders",
+    "calibrate": "measure encoder and decoder update norms on public data; recommend alpha",
+    "plan": "the GPU memory a config needs; the fewest GPUs per client lane",
     "account": "epsilon for a config; sigma for a target epsilon",
-    "thresholds": "per-group thresholds, per-pool sigma",
+    "thresholds": "the clipping threshold of each layer and the noise of each pool",
     "make-corpus": "synthetic multilingual corpus (MLS layout)",
     "pretrain": "central public pretraining of a tiny model",
     "audit": "the privacy audit of a run folder",
+    "export": "a run's LoRA as a PEFT adapter (+ safetensors, model card)",
     "dump-config": "print the resolved config",
 }
 
@@ -43,8 +44,40 @@ def command_module(command: str) -> str:
     return "cluster_fl.commands." + command.replace("-", "_")
 
 
+DESCRIPTION = """\
+Federated fine-tuning of speech-LLMs (audio encoder -> connector -> LLM decoder, LoRA) under
+central differential privacy, with component-aware clipping (alpha-split: the encoder and the
+decoder get their own share of the clipping budget)."""
+
+EPILOG = """\
+getting started:
+  cluster-fl demo                           the embedded default on CPU, end to end (~10 min)
+  cluster-fl train CONFIG [key=value ...]   one experiment; configs/ holds presets
+  cluster-fl grid GRID --cluster slurm      a grid of experiments on a SLURM cluster
+  cluster-fl status GRID                    how far each run is (round, ETA, epsilon, WER)
+  cluster-fl table RESULTS                  the multi-seed table of a results folder
+  cluster-fl export RUN OUT                 the trained adapters, loadable with PEFT
+
+'cluster-fl COMMAND --help' describes a command; docs/ holds the guides and the config
+reference (docs/config.md)."""
+
+
+def version() -> str:
+    """The installed package's version."""
+    from importlib.metadata import PackageNotFoundError, version as installed
+
+    try:
+        return installed("cluster_fl")
+    except PackageNotFoundError:  # a checkout on PYTHONPATH, not installed
+        from cluster_fl import __version__
+
+        return __version__
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="cluster-fl", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="cluster-fl", description=DESCRIPTION, epilog=EPILOG,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="store_true", help="print the version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, help_text in COMMANDS.items():
         p = sub.add_parser(name, help=help_text)
@@ -60,7 +93,7 @@ def bound_openmp_spin(env: MutableMapping[str, str]) -> bool:
     unless the user set a wait policy; True when it set the cap. libgomp reads it when torch
     loads, so :func:`main` calls this first; the ranks and jobs it starts inherit it. With a
     core taken by another process, 2-thread pretraining spent its time spinning: 150 steps took
-    221 s at libgomp's default, 90 s capped, 33 s vs 32.7 s on an idle machine (LOG, session 14).
+    221 s at libgomp's default, 90 s capped, 33 s vs 32.7 s on an idle machine (LOG, 2026-12-05).
     """
     if "OMP_WAIT_POLICY" in env or "GOMP_SPINCOUNT" in env or "torch" in sys.modules:
         return False
@@ -105,6 +138,9 @@ def _main(argv: list[str] | None) -> int:
             return 2
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser()
+    if argv[:1] == ["--version"]:
+        print(f"cluster-fl {version()}")
+        return 0
     # Parse the command first, then let its module declare its own arguments.
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
         parser.parse_args(argv)  # prints help / usage error (exit 2)

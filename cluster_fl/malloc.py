@@ -3,7 +3,7 @@
 A CPU client step makes ~12,000 tensor allocations a round (compiled graphs' buffers, autograd,
 the optimiser); glibc's allocator serves them slowly. Preloaded, jemalloc or tcmalloc made a
 steady round 1.1-1.35x faster on one core (the benchmark's work 1.25x side by side, a study
-cell 1.12x), with bit-identical results (results/LOG.md, session 16). Neither ships with pip,
+cell 1.12x), with bit-identical results (results/LOG.md, 2026-12-05). Neither ships with pip,
 and a library can only replace ``malloc`` before the process starts, so the entry point
 (:func:`cluster_fl.cli.main`) puts the library in ``LD_PRELOAD`` and re-executes itself once;
 the ranks, grid jobs and workers it starts inherit it.

@@ -6,7 +6,7 @@
 # results/repro/starting-model/ and checked against its SHA256SUMS -- a step budget makes it
 # independent of a machine's speed, not of its CPU's kernels (an AMD EPYC core without AMX
 # rebuilt another model than the Intel AMX core that built the first one: results/LOG.md,
-# session 19), so the bytes are committed. What is in place is checked, not rebuilt; a mismatch
+# 2026-12-06), so the bytes are committed. What is in place is checked, not rebuilt; a mismatch
 # stops with both digests.
 #   launch/repro_prepare.sh [main|starting-model|eurollm|private|rebuild|all]...  (default: main)
 # main: corpus-v3 + the study's starting model (starting-model: that alone); eurollm: the EuroLLM-shaped one (pretrained,

@@ -7,7 +7,7 @@
 # cluster_fl/report/findings.py). Runs only `cluster-fl table` / `plot`: seconds, no training.
 #   launch/repro_results.sh [RESULTS_ROOT=results] [OUT=results/repro] [PREFIX=prereg]
 # PREFIX names the experiments read, <PREFIX>-heavy, -mild, -eurollm, -private: `prereg`, the
-# pre-registered study (configs/grids/repro-*.yaml, issue 27); `repro`, the first study (issue 14).
+# pre-registered study (configs/grids/repro-*.yaml); `repro`, the first study.
 set -euo pipefail
 ROOT=${1:-results}
 OUT=${2:-$ROOT/repro}

@@ -101,7 +101,7 @@ LAYERS = {"cli": 5, "__main__": 5, "commands": 5,
           "sizing": 2, "privacy": 2, "models": 2, "data": 2, "eval": 2, "secure_sum": 2,
           "distributed": 1,
           "config": 0, "errors": 0, "groups": 0, "seeding": 0, "precision": 0,
-          "transfer": 0, "malloc": 0,
+          "transfer": 0, "malloc": 0, "progress": 0,
           "__init__": 0}
 INDEPENDENT = ("privacy", "models", "data")
 

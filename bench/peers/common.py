@@ -1,4 +1,4 @@
-"""The one piece of federated work every framework in the peer benchmark runs (issue 13).
+"""The one piece of federated work every framework in the peer benchmark runs.
 
 Model, data, local work and privacy setting are defined here once and each harness
 (cluster_fl_harness, pfl_harness, flower_harness) only wires them into its framework's own API:
@@ -40,7 +40,7 @@ PRECISIONS = ("auto", "fp32", "bf16")
 
 @dataclass(frozen=True)
 class Work:
-    """What one benchmark cell does; the defaults are issue 13's measurement setup."""
+    """What one benchmark cell does; the defaults are the benchmark's measurement setup."""
 
     work_dir: str = "/tmp/cluster_fl_peers"
     speakers_per_language: int = 12  # x 2 languages = 24 private speakers = 24 clients

@@ -1,9 +1,9 @@
-"""Peer benchmark driver (issue 13): client updates/s of cluster_fl, pfl-research and Flower on
+"""Peer benchmark driver: client updates/s of cluster_fl, pfl-research and Flower on
 the same work, measured side by side in one run.
 
-    python -m bench.peers.run                                  # everything, issue 13's sizes
+    python -m bench.peers.run                                  # everything, at the benchmark's sizes
     python -m bench.peers.run --frameworks cluster_fl --ks 1 --ranks 1 --rounds 2 --reps 1
-    python -m bench.peers.run --device cuda --ks 1,24 --ranks 1   # on one GPU (issue 24)
+    python -m bench.peers.run --device cuda --ks 1,24 --ranks 1   # on one GPU
 
 Every cell (framework x privacy x processes [x K]) runs in a fresh process; repetitions are
 interleaved (each repetition runs every cell once, in a rotated order) and the table reports
@@ -116,7 +116,7 @@ def peer_precisions(choice: str, device: str) -> list[str]:
     """The peers' forward precisions to measure. ``best``: on a CPU both fp32 and bf16 autocast
     (which is faster depends on the core: cluster_fl's own eager step was slower in bf16 on the
     Intel AMX core, pfl-research's loop 1.28x faster in bf16 on an AMD core with AVX-512-BF16,
-    results/LOG.md sessions 11 and 21; the faster cell is the peer's figure), on a GPU bf16
+    results/LOG.md, 2026-12-04 and 2026-12-06; the faster cell is the peer's figure), on a GPU bf16
     autocast (what their users write there); ``auto``: bf16 on a GPU, fp32 on a CPU; ``fp32`` /
     ``bf16``: that one."""
     if choice == "best":

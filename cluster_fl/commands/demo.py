@@ -52,7 +52,7 @@ METHODS = {
     "size": {"privacy.clipping": "size"},
     "size-ema": {"privacy.clipping": "size-ema"},
 }
-DEFAULT_METHODS = ("flat", "alpha-split", "uniform")  # ~2 min each on 2 cores (AMD, session 20)
+DEFAULT_METHODS = ("flat", "alpha-split", "uniform")  # ~2 min each on 2 cores (AMD, 2026-12-06)
 PRETRAIN_THREADS = 2  # the demo's pretraining threads on any machine (its starting model's bytes)
 # a checkout's committed starting models (launch/repro_prepare.sh places them for the study)
 COMMITTED = Path(__file__).resolve().parents[2] / "results" / "repro" / "starting-model"
@@ -83,7 +83,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def pretrain_threads(cfg) -> int:  # noqa: ANN001 - a Config
     """The demo's pretraining threads: ``run.threads``, else a fixed count, not the machine's
     cores -- a float sum split over another number of threads rounds differently, and 120 steps
-    at 1 and 2 threads already give different checkpoints (results/LOG.md, session 14)."""
+    at 1 and 2 threads already give different checkpoints (results/LOG.md, 2026-12-05)."""
     return cfg.run.threads or PRETRAIN_THREADS
 
 

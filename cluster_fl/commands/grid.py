@@ -14,10 +14,11 @@ import dataclasses
 from cluster_fl.config import parse_override
 from cluster_fl.sweep.grid import (CLUSTERS, TrainFn, check_devices, check_resources, pending_runs,
                                          seed_major, submit)
-from cluster_fl.sweep.gridspec import load_grid, run_folder
+from cluster_fl.sweep.gridspec import Grid, RunSpec, load_grid, run_folder
 from cluster_fl.sweep.pack import check_packing, packs, runs_per_task
 from cluster_fl.report.round0 import score_round0
-from cluster_fl.sweep.status import format_states
+from cluster_fl.sweep.status import (format_states, grid_states_of, progress_text, read_registry,
+                                     run_progress)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -69,8 +70,19 @@ def run(args: argparse.Namespace, train_fn: TrainFn | None = None) -> int:
     tasks = f" in {len(jobs)} task(s)" if len(jobs) != len(todo) else ""  # runs_per_gpu > 1
     print(f"submitted {len(todo) if jobs else 0} runs{tasks} to {args.cluster}"
           + (f" (job {', '.join(ids)})" if ids else ""))
+    if args.wait and todo:  # the summary of what was waited for: states, then each run's outcome
+        print(summary(grid, todo))
     if failed:
         print(f"{len(failed)} of {len(jobs)} runs failed (`cluster-fl status {args.grid}`; "
               "submitting the grid again resubmits them)")
         return 1
     return 0
+
+
+def summary(grid: Grid, specs: list[RunSpec]) -> str:
+    """The states of ``specs`` and, per finished run, its WER and ε (``grid --wait``'s last words)."""
+    states = grid_states_of(specs, read_registry(grid))
+    lines = ["summary:", format_states(states)]
+    for spec, state in states:
+        lines.append(f"{state:<8} {spec.run_id}: {progress_text(run_progress(run_folder(spec.config)))}")
+    return "\n".join(lines)

@@ -11,7 +11,7 @@ import json
 
 from cluster_fl.sweep.gridspec import load_grid, run_folder
 from cluster_fl.sweep.status import (STALE_S, failure_reason, format_states, grid_states,
-                                           read_registry)
+                                     progress_text, read_registry, run_progress)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -29,15 +29,21 @@ def run(args: argparse.Namespace) -> int:
     registry = read_registry(grid)
     reasons = {s.run_id: failure_reason(grid, s, registry.get(s.run_id))
                for s, state in states if state == "failed"}
+    progress = {s.run_id: run_progress(run_folder(s.config)) for s, state in states
+                if state in ("running", "done", "failed")}
     if args.json:
         for spec, state in states:
             print(json.dumps({"run_id": spec.run_id, "cell": spec.cell, "seed": spec.seed,
                               "state": state, "folder": str(run_folder(spec.config)),
+                              **progress.get(spec.run_id, {}),
                               "job": (registry.get(spec.run_id) or {}).get("job_id"),
                               **({"reason": reasons[spec.run_id]} if state == "failed" else {})}))
     else:
         print(f"grid {grid.experiment}: {grid.root}")
         print(format_states(states))
+        for spec, state in states:
+            if spec.run_id in progress and state != "failed":
+                print(f"{state:<8} {spec.run_id}: {progress_text(progress[spec.run_id])}")
         for run_id, reason in reasons.items():
             print(f"failed {run_id}: {reason}")
     return 0

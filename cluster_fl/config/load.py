@@ -57,7 +57,7 @@ _Loader.add_implicit_resolver(
     list("-+0123456789"))
 
 
-# Bounds on what a config may hold (issue 49): a config is a few hundred short values, so
+# Bounds on what a config may hold: a config is a few hundred short values, so
 # anything far past these is a mistake or an attack -- an alias bomb (9 aliases of 9 aliases ...
 # expand to 9^9 items when the config is copied), brackets nested 100,000 deep (the parser's
 # recursion), a value of megabytes, a folder name longer than the file system allows.

@@ -59,7 +59,7 @@ class ModelConfig:
     """``checkpoint``: the connector as ``model.checkpoint`` holds it. ``fresh``: re-initialise it
     (PyTorch's default init, seed ``connector_seed``) after loading a pretrained (LoRA-free)
     checkpoint -- the paper's starting point, a new projector between a pretrained encoder and a
-    pretrained LLM that the federated stage has to learn (issue 14)."""
+    pretrained LLM that the federated stage has to learn."""
     connector_seed: int | None = None
     """Seed of the ``fresh`` connector init. ``null`` (default): the run's seed (``run.seed``; 0
     for a secure-mode run), so the seeds of a study start from different connectors and its
@@ -468,6 +468,9 @@ def _path(value: Any, key: str) -> None:
            f"{NAME_MAX}")
 
 
+TRACKERS = ("tensorboard", "wandb", "mlflow")
+
+
 @dataclass(frozen=True, kw_only=True)
 class RunConfig:
     """Bookkeeping: seed, output folder, checkpoints, threads."""
@@ -498,8 +501,18 @@ class RunConfig:
     wait_timeout_s: int = 7200
     """Limit for collectives that wait for the slowest lane (its share of the cohort's training,
     the sharded evaluation); a killed rank still fails them at once."""
+    report_to: tuple[str, ...] = ()
+    """Experiment trackers that receive the config, each round's released values (noised
+    diagnostics, ε so far) and the evaluations -- never the operator log: any of
+    ``tensorboard``, ``wandb``, ``mlflow`` (several allowed; ``[]`` or ``none``: none). They write
+    under ``<out>/<experiment>/.trackers/``; each needs its package (``pip install
+    'cluster_fl[trackers]'``). W&B runs offline unless ``WANDB_MODE`` says otherwise."""
 
     def __post_init__(self) -> None:
+        report = (self.report_to,) if isinstance(self.report_to, str) else tuple(self.report_to)
+        object.__setattr__(self, "report_to", tuple(t for t in report if t != "none"))
+        for tracker in self.report_to:
+            _in(tracker, TRACKERS, "run.report_to")
         if self.seed is not None:
             _range(self.seed, "run.seed", 0, 2**63 - 1, integer=True)
         _path(self.out, "run.out")
@@ -547,7 +560,7 @@ class PretrainConfig:
     ``separate``: the paper's starting point -- the encoder trains on CTC (audio of the public
     speakers), then the decoder trains alone as a character LM on their transcripts; the
     connector keeps its random init and the decoder never sees audio, so the federated stage
-    has to learn the speech-to-LLM mapping (issue 14)."""
+    has to learn the speech-to-LLM mapping."""
     heldout_speakers: int = 8
     """Public speakers per language held out to measure WER during pretraining. Per-speaker WER
     spreads widely (SD ~0.19 between voices), so 2 per language made a yardstick that moved by

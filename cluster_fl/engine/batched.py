@@ -200,6 +200,8 @@ def train_block(runner: Any, block: Sequence[tuple[int, Sequence[object]]],
             mine = (stacks if len(learners) == k else
                     {name: t.index_select(0, index) for name, t in stacks.items()})
             step = model.prepare(batch, placement.buckets)
+            if getattr(runner, "flop_counter", None) is not None:  # host lengths: no device read
+                runner.flop_counter.count(host_list(batch["lengths"]), batch["texts"])
             with stacked_trainables(model, mine):
                 sums = placement.row_losses(model, step)
                 client_loss = (sums * weight.to(sums.dtype)).view(len(learners), rows).sum(1)

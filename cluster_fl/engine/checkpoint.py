@@ -147,7 +147,7 @@ def load_run_checkpoint(folder: Path, rounds: int | None = None, nonce: str | No
     if unstamped:
         raise UserError(f"checkpoint {path} carries no {' or '.join(unstamped)} (written by an "
                         f"older cluster-fl): it cannot be verified; {fix}")
-    if CONTENT_KEY in ckpt:  # absent in checkpoints of cluster-fl before issue 49
+    if CONTENT_KEY in ckpt:  # absent in checkpoints of cluster-fl before the privacy review
         rest = {k: v for k, v in ckpt.items() if k != CONTENT_KEY}
         try:
             whole = content_digest(rest)

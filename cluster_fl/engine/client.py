@@ -14,7 +14,7 @@ import ctypes
 import ctypes.util
 import os
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import torch
 
@@ -22,6 +22,7 @@ from cluster_fl.config import ClientConfig, FLConfig
 from cluster_fl.distributed.parallelize import LaneLayout, Placement
 from cluster_fl.engine.batched import local_steps, lr_at, train_block
 from cluster_fl.groups import GroupSpec
+from cluster_fl.models.speech_llm import host_list
 from cluster_fl.seeding import derive_seed, generator
 
 TensorBatch = Mapping[str, object]  # features, lengths, texts, languages (one padded batch)
@@ -109,6 +110,7 @@ class ClientRunner:
         self.make_batches = make_batches
         self.seed = seed
         self.rows_per_pass = fl.rows_per_pass
+        self.flop_counter: Any = None  # engine/performance.py's estimate, set by the run
         mult = {"encoder": client.lr_encoder_mult, "connector": client.lr_connector_mult,
                 "decoder": client.lr_decoder_mult}
         self._mult = {g.name: mult.get(g.component, 1.0) for g in self.groups}
@@ -156,6 +158,8 @@ class ClientRunner:
                     pg["lr"] = lr * pg["lr_mult"]
                 opt.zero_grad(set_to_none=True)
                 loss = self.placement.backward(self.model, batch, self.params)
+                if self.flop_counter is not None:
+                    self._count_flops(batch)
                 if self.client_cfg.max_grad_norm > 0:
                     torch.nn.utils.clip_grad_norm_(
                         [p for p in self.params.values() if p.grad is not None],
@@ -168,6 +172,13 @@ class ClientRunner:
                      for name, p in self.params.items()}
         return ClientUpdate(client=client, delta=delta, n_samples=len(utterances),
                             loss=float(loss_sum) / max(1, step), steps=step)
+
+    def _count_flops(self, batch: Any) -> None:
+        """The step's estimated FLOPs, from host lengths only (a device tensor is not read)."""
+        get = batch.get if isinstance(batch, Mapping) else (lambda k: getattr(batch, k, None))
+        lengths, texts = get("lengths"), get("texts")
+        if isinstance(lengths, torch.Tensor) and lengths.is_cpu and texts is not None:
+            self.flop_counter.count(host_list(lengths), texts)  # through numpy: no sync
 
     def train_cohort(self, clients: Iterable[tuple[int, Sequence[object]]],
                      global_state: Mapping[str, torch.Tensor], round_: int) -> Iterator[ClientUpdate]:

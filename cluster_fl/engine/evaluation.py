@@ -16,6 +16,7 @@ from typing import Any, Sequence
 
 from cluster_fl.distributed import Comm
 from cluster_fl.distributed.parallelize import LaneLayout, Placement
+from cluster_fl.progress import progress
 
 
 def plan_batches(utterances: Sequence[Any], batch_size: int) -> list[list[int]]:
@@ -61,7 +62,8 @@ class ShardedEvaluation:
         batches = self.my_batches()
         examples = load_examples(self.store, [self.utterances[i] for b in batches for i in b])
         out: list[tuple[int, dict]] = []
-        for batch in batches:
+        shown = self.layout.lane == 0 and self.layout.leader  # one bar: rank 0's
+        for batch in progress(batches, desc="decoding", unit="batch", enabled=shown):
             idx = [i for i in batch if self.utterances[i].utterance_id in examples]
             items = [examples[self.utterances[i].utterance_id] for i in idx]
             if not items:
@@ -69,7 +71,7 @@ class ShardedEvaluation:
             with placement.compute():
                 hyps = transcribe(model, items, batch_size=len(items),
                                   max_new_tokens=self.max_new_tokens,
-                                  decode_cache=self.decode_cache)
+                                  decode_cache=self.decode_cache, show=False)
             out.extend(zip(idx, score_rows(items, hyps)))
         return out
 
@@ -88,14 +90,18 @@ class ShardedEvaluation:
         return summarize(rows, bootstrap=self.bootstrap, seed=self.seed), rows
 
 
-def evaluation_line(r: int, rounds: int, summary: dict[str, Any]) -> str:
-    """The log line of a mid-run evaluation (``eval.every``): the released model's test WER with
-    its speaker-bootstrap 95% CI -- public test speakers scoring a released model, so it is
-    post-processing of the release, something a reader can follow while the noised per-round
-    diagnostics of a small cohort are too noisy to show."""
+def wer_text(summary: dict[str, Any]) -> str:
+    """``test WER 0.912 [0.875, 0.961] (240 utterances)``: a mid-run evaluation (``eval.every``)
+    of the released model with its speaker-bootstrap 95% CI -- public test speakers scoring a
+    released model, so it is post-processing of the release, something a reader can follow while
+    the noised per-round diagnostics of a small cohort are too noisy to show."""
     low, high = summary.get("wer_ci_low"), summary.get("wer_ci_high")
     ci = (f" [{low:.3f}, {high:.3f}]"
           if isinstance(low, float) and isinstance(high, float) and low == low and high == high
           else "")
-    return (f"round {r}/{rounds}: test WER {summary['wer']:.3f}{ci} "
-            f"({int(summary.get('n_utterances', 0))} utterances)")
+    return f"test WER {summary['wer']:.3f}{ci} ({int(summary.get('n_utterances', 0))} utterances)"
+
+
+def evaluation_line(r: int, rounds: int, summary: dict[str, Any]) -> str:
+    """The test WER of round ``r`` alone (the round line carries it with the rest)."""
+    return f"round {r}/{rounds}: {wer_text(summary)}"

@@ -53,23 +53,27 @@ def _clean(v: Any) -> Any:
     return v
 
 
-def progress_line(r: int, rounds: int, row: Mapping[str, Any]) -> str:
-    """The log line of round ``r``, built from the released row only. Exact diagnostics (a void
-    or non-private run) are shown as they are. Noised ones are estimates with a known noise std
-    (``diag_noise_std`` per mean; times the public ``denominator`` for a count): a figure is
-    shown clamped to its range with its ±, or, when the ± spans half its range or more, only its
-    ± (too noisy to mean anything at this cohort size); the client count is the noised
+def progress_line(r: int, rounds: int, row: Mapping[str, Any], evaluated: str = "") -> str:
+    """The log line of round ``r``, built from the released row only: ``round r/R:``, the test
+    WER when the round was evaluated (``evaluated``, from
+    :func:`cluster_fl.engine.evaluation.wer_text`), ε so far, then the diagnostics. Exact ones (a
+    void or non-private run) are shown as they are. Noised ones are estimates with a known noise
+    std (``diag_noise_std`` per mean; times the public ``denominator`` for a count): a figure is
+    shown clamped to its range with its ±, or, when the ± spans half its range or more, only
+    named as too noisy to show at this cohort size; the client count is the noised
     ``n_clients``. With ``privacy.diagnostics: off`` there are none, and no count is shown.
-    No wall time: a round's duration is an exact side channel (operator log)."""
+    No wall time: a round's duration is an exact side channel (the engine adds elapsed time and
+    ETA on the screen only; the operator log keeps the round's wall time)."""
     eps = row.get("epsilon")
     eps_s = "inf" if eps is None or not math.isfinite(eps) else f"{eps:.3g}"
+    head = f"round {r}/{rounds}: " + (f"{evaluated}, " if evaluated else "")
     tail = f"eps {eps_s}"
     mode = row.get("diagnostics")
     denom = float(row.get("denominator") or 0.0)
     if mode == "off":
-        return f"round {r}/{rounds}: {tail} (diagnostics off)"
+        return f"{head}{tail} (diagnostics off)"
     if mode != "noised":
-        return (f"round {r}/{rounds}: loss {row.get('loss', float('nan')):.3f}, "
+        return (f"{head}loss {row.get('loss', float('nan')):.3f}, "
                 f"clients {_count(row.get('n_clients'))}, clip rate "
                 f"{row.get('clip_rate', 0):.2f}, {tail}")
     std = float(row.get("diag_noise_std") or 0.0)
@@ -78,16 +82,16 @@ def progress_line(r: int, rounds: int, row: Mapping[str, Any]) -> str:
                                     ("clients", row.get("n_clients"), std * denom, denom),
                                     ("clip rate", row.get("clip_rate"), std, 1.0)):
         if value is None or not math.isfinite(value) or noise >= top / 2:
-            hidden.append(f"{name} ± {noise:.2g}")
+            hidden.append(name)
         elif name == "clients":
             shown.append(f"clients {max(value, 0.0):.0f} ± {noise:.2g}")
         else:
             shown.append(f"{name} {min(max(value, 0.0), top):.2f} ± {noise:.2f}")
-    line = f"round {r}/{rounds}: " + ", ".join(shown + [tail])
+    line = head + ", ".join([tail] + shown)
     if shown:
         line += " (noised diagnostics)"
     if hidden:
-        line += f"; noised {', '.join(hidden)}: too noisy to show"
+        line += f" (noised {', '.join(hidden)}: too noisy to show)"
     return line
 
 

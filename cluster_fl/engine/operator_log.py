@@ -7,8 +7,9 @@ unusable corpus row with its client and shard; warnings such as a round in which
 clients contributed -- are exact statistics of the clients' data, NOT protected by the run's
 (ε, δ). Rank 0 writes them to ``<run.out>/<run.experiment>/.operator/<run_id>.log``, one JSON
 object per line (``{"time", "event", ...}``), and the unusable rows to ``<run_id>.skipped.json``
-beside it. ``table``, ``plot``, ``status`` and the audit never read these files; do not publish
-the ``.operator`` folder with the results (``.gitignore`` keeps it out of this repository). The
+beside it. ``table``, ``plot`` and the audit never read these files; ``status`` reads the round
+times for the operator's own screen (a running run's ETA); do not publish the ``.operator``
+folder with the results (``.gitignore`` keeps it out of this repository). The
 folder is made 0700 and the log 0600: the operator's alone, not every user's of the machine. In
 a private run a warning reaches stderr (which a scheduler keeps in its job logs) only as a
 pointer to this log, never with its counts.

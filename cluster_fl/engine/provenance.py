@@ -2,7 +2,7 @@
 
 A step budget makes a starting model independent of a machine's speed, not of its kernels: the
 study's checkpoint rebuilt by the same recipe on an AMD EPYC core (AVX-512-BF16, no AMX) is
-another model than the one an Intel core with AMX built (results/LOG.md, session 19), and a
+another model than the one an Intel core with AMX built (results/LOG.md, 2026-12-06), and a
 federated run's float results differ between such machines too. So a run folder records
 
 * ``starting_model``: the checkpoint it loads (``model.checkpoint``) and the SHA-256 of its

@@ -73,7 +73,8 @@ class RoundOutput:
     """What a round hands back: the new global state, its metrics row (released: public or
     noised values only) and ``operator``, the round's exact facts for the operator log, never
     for the run folder: ``cohort`` (realised cohort size), ``trained``, ``nonfinite``,
-    ``skipped`` (this rank's lane's clients), ``lanes`` and ``wall_s``."""
+    ``skipped`` (this rank's lane's clients), ``lanes``, ``wall_s`` and its parts: ``t_clients``
+    (local steps, clipping, adding), ``t_noise`` and ``t_sum`` (the secure sum's reduce)."""
 
     state: dict[str, torch.Tensor]
     row: dict[str, Any] = field(default_factory=dict)
@@ -221,10 +222,13 @@ class RoundEngine:
                 self.contribute(round_, list(self.runner.train_cohort(usable, state, round_)))
                 self.trimmer.after_client()
             del loaded, usable
+        t_clients = time.perf_counter()
         if self.comm.rank == 0:  # the noise step, BEFORE the sum: no rank gets the clean total
             self._add_noise(round_, summer)
+        t_noise = time.perf_counter()
         record = self.recorder is not None
         noised = summer.reduce(self.comm, round_, record=record)
+        t_sum = time.perf_counter()
         if self.recorder is not None:
             self.recorder.partial(round_, self.comm.rank, summer)
 
@@ -242,7 +246,8 @@ class RoundEngine:
         row = self.diag.row(noised.get("diag"), thresholds, denom)
         row.update(round=round_, denominator=denom)
         operator = dict(self._local, cohort=len(members), lanes=self.layout.lanes,
-                        wall_s=time.perf_counter() - t0)
+                        wall_s=time.perf_counter() - t0, t_clients=t_clients - t0,
+                        t_noise=t_noise - t_clients, t_sum=t_sum - t_noise)
         return RoundOutput(state=new_state, row=row, operator=operator)
 
     def _add(self, contributions: Sequence[Mapping[str, Any]]) -> None:

@@ -15,7 +15,7 @@ holder dies, so a killed run's lock is taken over by the next attempt, and a sec
 live run stops with one line naming the holder. A failed write (full disk, read-only, not a
 folder) is a :class:`WriteError` naming the file: one line and exit 2, never a traceback.
 
-No wall-clock time is kept in the folder (issue 49): the lock names its holder without a start
+No wall-clock time is kept in the folder: the lock names its holder without a start
 time, status.json carries no ``updated`` (the heartbeat the grid's staleness check reads lives
 beside the operator log, :func:`heartbeat_path`), and rank 0 sets every file's and folder's
 modification time to the epoch at each round's end and at the run's end
@@ -47,6 +47,7 @@ _TEMP = re.compile(r"^\..+\.tmp-?\d+$")
 # keys that may differ between the submissions of one run (a resume on other hardware)
 RESUME_TOLERATED = {("run", "out"), ("run", "threads"), ("run", "timeout_s"),
                     ("run", "wait_timeout_s"), ("run", "device"),
+                    ("run", "report_to"),  # where the released values are also sent
                     ("data", "allow_missing_languages"),
                     # where the client features live while training: speed, not results
                     ("data", "device_resident"),
@@ -65,15 +66,15 @@ _BOOKKEEPING = RESUME_TOLERATED | {("run", "experiment"), ("run", "run_id"),
                                    ("run", "checkpoint_every"), ("run", "nonce")}
 # files and folders enter the id by their last name only: the same corpus and checkpoint under
 # another home or scratch folder is the same run, with the same id and so the same research noise
-# (the demo printed another table for every $HOME until session 14)
+# (the demo printed another table for every $HOME until 2026-12-05)
 _PATH_KEYS = {("data", "corpus"), ("data", "feature_cache"), ("model", "checkpoint"),
               ("model", "encoder_path"), ("model", "decoder_path"), ("model", "tokenizer_path"),
               ("pretrain", "out")}
 # keys added after runs existed: left out of the id at their default, so old ids stay valid
 _NEW_AT_DEFAULT = {("model", "dtype"): "float32", ("privacy", "grouping"): "matrix",
                    ("pretrain", "mode"): "joint", ("model", "connector_init"): "checkpoint",
-                   ("model", "connector_seed"): None,  # null: the run's seed (issue 27)
-                   ("privacy", "max_epsilon"): None}  # issue 49
+                   ("model", "connector_seed"): None,  # null: the run's seed
+                   ("privacy", "max_epsilon"): None}
 
 
 def path_names(tree: dict[str, Any]) -> dict[str, Any]:

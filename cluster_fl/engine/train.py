@@ -46,11 +46,12 @@ from cluster_fl.engine.checkpoint import (StopFlag, Stopped, check_checkpoint_pa
 from cluster_fl.engine.dataset_ledger import DatasetLedger
 from cluster_fl.engine.operator_log import OperatorLog, new_job_secret, read_job_secret
 from cluster_fl.engine.provenance import record_attempt
-from cluster_fl.engine.rundir import (RESUME_TOLERATED, RunLock, append_text, clean_temp_files,
+from cluster_fl.engine.rundir import (RESUME_TOLERATED, RunLock, clean_temp_files,
                                       flatten_times, git_commit, is_done, make_folder,
                                       path_names, read_status, run_dir, write_config, write_json,
                                       write_status)
 from cluster_fl.errors import UserError
+from cluster_fl.engine.watch import Log, Watch
 
 if TYPE_CHECKING:  # imported lazily at run time: the process boundary starts with the run
     from cluster_fl.distributed import Comm
@@ -58,26 +59,6 @@ if TYPE_CHECKING:  # imported lazily at run time: the process boundary starts wi
 # OS errors that describe the machine, not the code: reported as one line (exit 2)
 _ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG, errno.EACCES,
                        errno.EPERM, errno.ENOTDIR, errno.EISDIR}
-
-
-class Log:
-    """Rank-0 progress: one line per event to stderr and to the run's log.txt. Only a
-    non-private run stamps its stderr lines with the time of day: times are a side channel of
-    the clients' work, and a scheduler keeps stderr in its job logs (the operator log has them)."""
-
-    def __init__(self, folder: Path | None, enabled: bool, stamp: bool = True):
-        self.path = folder / "log.txt" if folder is not None else None
-        self.enabled = enabled
-        self.stamp = stamp
-
-    def __call__(self, msg: str, echo: bool = True) -> None:
-        if not self.enabled:
-            return
-        if echo:
-            when = f"[{time.strftime('%H:%M:%S')}] " if self.stamp else ""
-            print(f"{when}{msg}", file=sys.stderr, flush=True)
-        if self.path is not None:
-            append_text(self.path, msg + "\n")
 
 
 def _check_existing(folder: Path, cfg: Config) -> tuple[bool, str | None, float | None]:
@@ -117,7 +98,7 @@ def _check_existing(folder: Path, cfg: Config) -> tuple[bool, str | None, float 
 def dump_stacks_on_fatal_signal() -> bool:
     """A fatal signal in native code (a compiled kernel, a library) ends the process before any
     Python handler runs: have it dump every thread's Python stack to stderr (the job's log)
-    first, so the crash names its layer and op (session 18's segfault in an inductor kernel left
+    first, so the crash names its layer and op (the 2026-12-05 segfault in an inductor kernel left
     a log that ended at the run's header). False where stderr is not a file (a notebook)."""
     if faulthandler.is_enabled():
         return True
@@ -351,21 +332,27 @@ class _Attempt:
     oplog: OperatorLog
     skipped: Any  # cluster_fl.engine.metrics.SkippedRows
     t_start: float
+    watch: Watch  # the clock, performance and trackers of this attempt
     quiet: int = 0  # rounds in which none of rank 0's lane's clients contributed (operator only)
 
 
 def _train(cfg: Config, comm: Comm, folder: Path, log: Log, stop: StopFlag,
            progress: dict, record: Config) -> Path:
     run = _resume(cfg, comm, folder, log, progress)
-    stop.set_immediate(False)  # from here a signal stops at the end of the round
-    budget = None
-    for r in range(run.start_round, cfg.fl.rounds + 1):
-        budget = over_budget(run.world.ledger, r, cfg)
-        if budget is not None:
-            log(budget)
-            break
-        _round(run, r, cfg, comm, folder, log, stop, progress)
-    _finish(run, cfg, comm, folder, log, stop, record, budget)
+    try:  # the recorded config: a secure run's drawn seed is no part of it
+        run.watch.open(cfg.run.report_to, folder, to_dict(record), comm.rank == 0, cfg.fl.rounds,
+                       run.start_round)
+        stop.set_immediate(False)  # from here a signal stops at the end of the round
+        budget = None
+        for r in range(run.start_round, cfg.fl.rounds + 1):
+            budget = over_budget(run.world.ledger, r, cfg)
+            if budget is not None:
+                log(budget)
+                break
+            _round(run, r, cfg, comm, folder, log, stop, progress)
+        _finish(run, cfg, comm, folder, log, stop, record, budget)
+    finally:
+        run.watch.close()
     return folder
 
 
@@ -385,7 +372,8 @@ def _resume(cfg: Config, comm: Comm, folder: Path, log: Log, progress: dict) -> 
     world = setup.build_world(cfg, comm, log)
     skipped = SkippedRows(folder, world.evaluation.store.errors, _owners(world.engine.clients),
                           main, lambda msg: oplog("skipped", message=msg))
-    run = _Attempt(world, world.initial_state, [], 1, oplog, skipped, t_start)
+    run = _Attempt(world, world.initial_state, [], 1, oplog, skipped, t_start,
+                   Watch(world, cfg.fl.rounds))
     world.ledger.attach(folder, main, nonce=cfg.run.nonce,
                         dataset=DatasetLedger(cfg, folder) if _private(cfg) else None)
     for note in start_notes(cfg, world.ledger.ledger):
@@ -413,7 +401,7 @@ def _round(run: _Attempt, r: int, cfg: Config, comm: Comm, folder: Path, log: Lo
            stop: StopFlag, progress: dict) -> None:
     """Round ``r``: charge, train, release its row, checkpoint; a stop signal ends the run here
     (:class:`Preempted`) once every rank has the round."""
-    from cluster_fl.engine.evaluation import evaluation_line
+    from cluster_fl.engine.evaluation import wer_text
     from cluster_fl.engine.metrics import progress_line, write_rows
 
     world, main, rounds = run.world, comm.rank == 0, cfg.fl.rounds
@@ -421,13 +409,15 @@ def _round(run: _Attempt, r: int, cfg: Config, comm: Comm, folder: Path, log: Lo
     out = world.engine.run_round(r, run.state)
     run.state = out.state
     out.row["epsilon"] = world.ledger.epsilon()
+    evaluated = ""
     if cfg.eval.every and r % cfg.eval.every == 0 and r < rounds:
-        summary, _ = world.evaluate(run.state)  # every rank decodes its slice
+        with run.watch.evaluating():
+            summary, _ = world.evaluate(run.state)  # every rank decodes its slice
         if summary is not None:
             out.row.update({k: v for k, v in summary.items() if k.startswith("wer")})
-            log(evaluation_line(r, rounds, summary))  # readable where diagnostics are not
+            evaluated = wer_text(summary)  # readable where diagnostics are not
     run.rows.append(out.row)
-    log(progress_line(r, rounds, out.row))
+    run.watch.round(r, progress_line(r, rounds, out.row, evaluated), out.row, out.operator, log)
     run.oplog("round", round=r, **out.operator)
     facts = out.operator
     if facts.get("trained", 0) - facts.get("nonfinite", 0) < 1:
@@ -468,7 +458,8 @@ def _finish(run: _Attempt, cfg: Config, comm: Comm, folder: Path, log: Log, stop
     _check_contributions(run.rows, run.quiet, max(last - run.start_round + 1, 0), run.oplog,
                          world.engine.layout.lanes)
     stop.set_immediate(True)  # the final evaluation: a signal stops it at once
-    summary, eval_rows = world.evaluate(run.state)  # sharded over lanes; rank 0 gets the rows
+    with run.watch.evaluating():
+        summary, eval_rows = world.evaluate(run.state)  # sharded over lanes; rank 0 gets rows
     stop.set_immediate(False)  # the last writes take a moment: let them finish
     run.skipped.collect(comm)
     if main:
@@ -485,6 +476,7 @@ def _finish(run: _Attempt, cfg: Config, comm: Comm, folder: Path, log: Log, stop
                      **({"reason": budget} if budget is not None else {}))
         log(f"done: WER {final.get('wer', float('nan')):.4f}, epsilon {final['epsilon']:.3g} "
             f"[{world.ledger.to_json()['guarantee']}] -> {folder}")
+        run.watch.final(last, final, log, run.oplog)  # exact timings: screen and operator log
         flatten_times(folder)
     comm.barrier(slow=True)  # waits for rank 0's scoring and writes
 

@@ -14,6 +14,7 @@ from cluster_fl.data.vocab import normalize_text  # one normalisation for transc
 from cluster_fl.eval.metrics import error_counts, summarize
 from cluster_fl.models.decoding import greedy_decode
 from cluster_fl.models.speech_llm import SpeechLLM, collate
+from cluster_fl.progress import progress
 
 EVAL_COLUMNS = ("utt_id", "speaker", "language", "ref", "hyp", "word_errors", "ref_words",
                 "char_errors", "ref_chars")
@@ -29,18 +30,20 @@ def _field(item: Any, *names: str) -> Any:
 
 
 def transcribe(model: SpeechLLM, utterances: Sequence[Any], batch_size: int = 32,
-               max_new_tokens: int = 64, ctc: bool = False, decode_cache: str = "auto"
-               ) -> list[str]:
+               max_new_tokens: int = 64, ctc: bool = False, decode_cache: str = "auto",
+               show: bool = True) -> list[str]:
     """Greedy hypotheses for items with ``features`` / ``transcript`` / ``language``, in order.
 
     Items are batched by length (less padding); results come back in input order. ``ctc``:
     the encoder's CTC head transcribes instead of the decoder (an encoder-only yardstick).
     ``decode_cache``: the decoder's KV cache (``eval.decode_cache``; the same hypotheses).
+    ``show``: a progress bar on a terminal, lines in a log when it takes long (``progress``).
     """
     order = sorted(range(len(utterances)),
                    key=lambda i: _field(utterances[i], "features").shape[-1])
     hyps: list[str] = [""] * len(utterances)
-    for start in range(0, len(order), batch_size):
+    for start in progress(range(0, len(order), batch_size), desc="decoding", unit="batch",
+                          enabled=show):
         chunk = order[start:start + batch_size]
         items = [utterances[i] for i in chunk]
         batch = collate([_field(u, "features").float() if torch.is_tensor(_field(u, "features"))

@@ -56,12 +56,12 @@ GUARANTEE_ORDER = ("none", "void", "simulation", "valid")
 # the final evaluation releases per-utterance transcripts and errors exactly (eval.parquet)
 EVAL_ON_CLIENTS = ("the evaluation set shares speakers with the clients (data.eval_split): "
                    "eval.parquet releases their utterances' transcripts and errors exactly")
-# what ε is a bound for, said beside it (issue 49, 12): the two samplings' ε are not comparable
+# what ε is a bound for, said beside it: the two samplings' ε are not comparable
 RELATIONS = {
     "poisson": "add/remove one client (Poisson cohorts); N is treated as public",
     "fixed": "replace one client (fixed-size cohorts of a public N)",
 }
-# the secure sampler's truncation (issue 49, 11): each Box-Muller pair's radius is at most
+# the secure sampler's truncation: each Box-Muller pair's radius is at most
 # sqrt(2*53*ln 2) = 8.57, i.e. the pair misses tail mass 2^-53 = 1.1e-16; a noised coordinate sums
 # 4 normals (2 pairs), so at most 2.3e-16 of the accounted Gaussian's mass is cut per noised
 # coordinate and round. Not added to δ (docs/privacy.md states the bound; the sampler's float

@@ -18,6 +18,14 @@ so the README's findings table is computed from committed tables, never typed:
   reproduced; otherwise reproduced when the CI's upper end is below +MARGIN, else inconclusive;
 * a (the decoder/encoder update-norm ratio): descriptive, from the norms table.
 
+Two checks stand between a table and a verdict. The verdict column is not trusted: each row's
+verdict is decided again from its Δ and its Holm-corrected p (worse / better when p < 0.05 on Δ's
+side, else within noise), and a row whose column says otherwise is flagged. And with fewer than
+``MIN_BOOTSTRAP_SEEDS`` seeds a percentile bootstrap over seeds is too narrow to carry an
+equivalence margin (it resamples from three values): c and d then judge the wider of the
+bootstrap CI and the t-interval of the seed-level paired test, Δ ± t(0.975, n−1)·SE, where SE is
+recovered exactly from Δ and the test's two-sided p (t = Δ / SE).
+
 Every other row of a comparison table is listed as secondary, with its verdict. A grid still
 running gives fewer seeds than planned, or a table with fewer comparisons than planned (so
 Holm's family, and every p (Holm) in it, is still to grow): its rows say ``interim (n of N
@@ -36,6 +44,8 @@ from pathlib import Path
 from typing import Sequence
 
 MARGIN = 0.02  # PROTOCOL §1: the equivalence margin of findings c and d, in WER
+LEVEL = 0.05  # PROTOCOL §1: the verdicts' level, on Holm-corrected p
+MIN_BOOTSTRAP_SEEDS = 5  # below this, c and d also use the t-interval (the wider of the two)
 
 # grid -> seeds planned (PROTOCOL §4, §13); (finding, grid) -> the paper's result
 GRIDS = {"heavy": 5, "mild": 5, "eurollm": 3, "private": 3}
@@ -80,12 +90,43 @@ class Row:
     p_holm: float
     verdict: str
     comparisons: int = 0   # the size of Holm's family in the row's table (0: not recorded)
+    p: float = math.nan    # the test's uncorrected two-sided p (nan: not recorded)
 
     @classmethod
     def from_csv(cls, grid: str, rec: dict[str, str]) -> "Row":
         return cls(grid, rec["method"], rec["reference"], int(rec["n_seeds"]),
                    float(rec["delta_wer"]), float(rec["ci_low"]), float(rec["ci_high"]),
-                   float(rec["p_holm"]), rec["verdict"], int(rec.get("comparisons") or 0))
+                   float(rec["p_holm"]), rec["verdict"], int(rec.get("comparisons") or 0),
+                   float(rec.get("p") or "nan"))
+
+    @property
+    def checked_verdict(self) -> str:
+        """The verdict its Δ and Holm p give (the column's is not trusted)."""
+        if self.p_holm < LEVEL:
+            return "worse" if self.delta > 0 else "better"
+        return "within noise"
+
+    def t_interval(self) -> tuple[float, float]:
+        """The 95% t-interval of the seed-level paired test, from Δ and its two-sided p
+        (the whole line when it cannot be recovered: p missing, 1 or Δ exactly 0)."""
+        from scipy import stats
+
+        df = self.n_seeds - 1
+        if df < 1 or not 0 < self.p < 1 or self.delta == 0:
+            return -math.inf, math.inf
+        se = abs(self.delta) / float(stats.t.isf(self.p / 2, df))
+        half = float(stats.t.ppf(0.975, df)) * se
+        return self.delta - half, self.delta + half
+
+    def interval(self) -> tuple[float, float, str]:
+        """(low, high, which) the equivalence findings judge: the bootstrap CI, or with fewer
+        than ``MIN_BOOTSTRAP_SEEDS`` seeds the wider of it and the t-interval."""
+        if self.n_seeds >= MIN_BOOTSTRAP_SEEDS:
+            return self.ci_low, self.ci_high, "bootstrap"
+        lo, hi = self.t_interval()
+        if lo <= self.ci_low and hi >= self.ci_high:
+            return lo, hi, "t"
+        return min(lo, self.ci_low), max(hi, self.ci_high), "wider of t and bootstrap"
 
 
 @dataclass(frozen=True)
@@ -101,18 +142,21 @@ class Finding:
 
 
 def outcome(finding: str, row: Row, margin: float = MARGIN) -> str:
-    """The protocol's rule (module docstring) for one comparison row."""
+    """The protocol's rule (module docstring) for one comparison row, on its checked verdict
+    and, for c and d, the interval :meth:`Row.interval` picks."""
+    verdict = row.checked_verdict
     if finding in ("L", "b1", "b2"):
-        return "reproduced" if row.verdict == "worse" else "not reproduced"
+        return "reproduced" if verdict == "worse" else "not reproduced"
     if finding not in ("c", "d"):
         raise ValueError(f"no rule for finding {finding!r}")
-    if row.verdict == "worse":
+    if verdict == "worse":
         return "not reproduced"
+    low, high, _ = row.interval()
     if finding == "d":
-        return "reproduced" if row.ci_high < margin else "inconclusive"
-    if -margin < row.ci_low and row.ci_high < margin:
+        return "reproduced" if high < margin else "inconclusive"
+    if -margin < low and high < margin:
         return "reproduced"
-    return "not reproduced" if row.ci_high <= -margin else "inconclusive"
+    return "not reproduced" if high <= -margin else "inconclusive"
 
 
 def _read(path: Path) -> list[dict[str, str]]:
@@ -192,18 +236,31 @@ def _seeds(n: int) -> str:
     return f"({n} seed{'' if n == 1 else 's'})"
 
 
-def _fmt_row(r: Row | None) -> str:
+def _fmt_row(r: Row | None, finding: str = "") -> str:
     if r is None:
         return "— | — | —"
-    return f"{_delta(r)} | {r.p_holm:.4f} | {r.verdict} {_seeds(r.n_seeds)}"
+    delta = _delta(r)
+    low, high, which = r.interval()
+    if finding in ("c", "d") and which != "bootstrap":
+        delta += f"; {which} [{low:+.3f}, {high:+.3f}]"
+    return f"{delta} | {r.p_holm:.4f} | {_verdict(r)} {_seeds(r.n_seeds)}"
+
+
+def _verdict(r: Row) -> str:
+    """The checked verdict, and the column's where it differs."""
+    if r.verdict == r.checked_verdict:
+        return r.verdict
+    return f"{r.checked_verdict} (the table says {r.verdict}: does not match Δ and p)"
 
 
 def findings_markdown(tables: Path, margin: float = MARGIN) -> str:
     """The findings table and the secondary rows of every grid with tables in ``tables``."""
     head = ["Pre-registered findings (results/repro/PROTOCOL.md §1, §13), from the comparison "
             f"tables in this folder: two-sided seed-level paired t-test, Holm across each table, "
-            f"level 0.05; findings c and d also need the 95% CI inside the {margin:g} WER margin "
-            "(else inconclusive).", "",
+            f"level 0.05 (each verdict checked against its Δ and p); findings c and d also need the "
+            f"95% CI inside the {margin:g} WER margin (else inconclusive) -- with fewer than "
+            f"{MIN_BOOTSTRAP_SEEDS} seeds the wider of the bootstrap CI and the paired test's "
+            "t-interval, shown after it.", "",
             "| finding | grid | paper | comparison | Δ WER [95% CI] | p (Holm) | verdict | outcome |",
             "|---|---|---|---|---|---|---|---|"]
     lines, secondary = list(head), []
@@ -214,14 +271,14 @@ def findings_markdown(tables: Path, margin: float = MARGIN) -> str:
         for f in found:
             out = f.outcome + (f", {f.interim}" if f.interim else "")
             lines.append(f"| {f.id}: {CLAIMS[f.id]} | {grid} | {PAPER.get((f.id, grid), '—')} | "
-                         f"{f.detail} | {_fmt_row(f.row)} | **{out}** |")
+                         f"{f.detail} | {_fmt_row(f.row, f.id)} | **{out}** |")
         gain = fedavg_gain([f.row for f in found if f.row is not None] + rest)
         if gain is not None:
             secondary.append(f"- {grid}: FedAvg's gain over round-0: {gain:.4f} WER")
         for r in rest:
             interim = _interim(grid, r)
             secondary.append(f"- {grid}: {r.method} vs {r.reference}: Δ {_delta(r)}, p (Holm) "
-                             f"{r.p_holm:.4f}, {r.verdict} {_seeds(r.n_seeds)}"
+                             f"{r.p_holm:.4f}, {_verdict(r)} {_seeds(r.n_seeds)}"
                              + (f", {interim}" if interim else ""))
     if len(lines) == len(head):
         return "No comparison tables yet (launch/repro_results.sh writes them).\n"

@@ -21,7 +21,15 @@
 * ``clip_rates__<arch>__<condition>.png`` -- per round, mean over seeds: the fraction of clients
   clipped, one line per DP method (left), and the fraction of each pool's update norm that
   survives clipping, one line per method × pool (right: where C binds for every client the clip
-  rate is 1 throughout, and the retained fraction is what tells the methods apart).
+  rate is 1 throughout, and the retained fraction is what tells the methods apart); the pool
+  sets the colour, the method the line style.
+* ``wer_by_round__<arch>__<condition>.png`` -- test WER against round, one line per method
+  (mean over seeds), where the runs evaluated during training (``eval.every``), ending at the
+  final evaluation; the starting model (``round-0``) at round 0.
+
+Every figure keeps its legend outside the plotting area (it never covers a line), and a pool has
+one colour in every figure (:func:`pool_colour`: encoder, connector and decoder as in the norm
+bars, other pool names from a palette that reuses none of them).
 
 In ``norms__<cell>.png`` a method with per-group thresholds also shows each group's reported
 threshold C_h (mean over rounds; under ``privacy.grouping: layer`` a group carries its layer's
@@ -41,6 +49,29 @@ import numpy as np
 from cluster_fl.report.results import Run
 
 COLOURS = {"encoder": "#1f77b4", "connector": "#ff7f0e", "decoder": "#2ca02c"}
+# pools that are not a component (K pools' own names; "all" for single-pool methods)
+OTHER_POOL_COLOURS = ("#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f")
+METHOD_STYLES = ("-", "--", ":", "-.")
+
+
+def pool_colour(pool: str, others: Sequence[str] = ()) -> str:
+    """The colour of pool ``pool`` in every figure: its component's, black for ``all``, else
+    one of :data:`OTHER_POOL_COLOURS` by its rank among ``others`` (the figure's other pool
+    names, sorted), so two pools of one figure never share a colour."""
+    if pool in COLOURS:
+        return COLOURS[pool]
+    if pool == "all":
+        return "#000000"
+    rest = sorted(p for p in set(others) | {pool} if p not in COLOURS and p != "all")
+    return OTHER_POOL_COLOURS[rest.index(pool) % len(OTHER_POOL_COLOURS)]
+
+
+def legend_outside(ax, **kw) -> None:
+    """The axes' legend to the right of the plotting area, where it cannot cover a line."""
+    handles, labels = ax.get_legend_handles_labels()
+    if handles:
+        ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0,
+                  fontsize=kw.pop("fontsize", 7), **kw)
 
 
 def _plt():
@@ -88,7 +119,7 @@ def noise_floor(sigma: float, clip: float, numel: int, n_clients: float) -> floa
 def _save(fig, path: Path) -> bool:
     """Lay out, write the PNG, free the figure; True = the figure was made."""
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches="tight")  # legends outside the axes stay in the file
     fig.clf()
     _plt().close(fig)
     return True
@@ -129,7 +160,7 @@ def plot_norms(runs: Sequence[Run], title: str, path: Path) -> bool:
     ax.set_xlabel("trainable group (sorted by norm)")
     ax.set_ylabel("mean update norm ‖Δθ_h‖₂")
     ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=7, loc="best")
+    legend_outside(ax)
     return _save(fig, path)
 
 
@@ -166,7 +197,8 @@ def plot_flat_dynamics(runs: Sequence[Run], title: str, path: Path) -> bool:
     right.set_ylabel("fraction")
     lines = ax.get_legend_handles_labels()
     lines2 = right.get_legend_handles_labels()
-    ax.legend(lines[0] + lines2[0], lines[1] + lines2[1], fontsize=7, loc="center right")
+    ax.legend(lines[0] + lines2[0], lines[1] + lines2[1], fontsize=7, loc="upper left",
+              bbox_to_anchor=(1.12, 1.0), borderaxespad=0.0)  # beside the right-hand axis
     ax.set_title(title + _noise_note(runs), fontsize=9)
     return _save(fig, path)
 
@@ -179,20 +211,19 @@ def plot_pools(runs: Sequence[Run], title: str, path: Path) -> bool:
         return False
     plt = _plt()
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(6, 6), sharex=True)
-    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for i, pool in enumerate(pools):
-        c = COLOURS.get(pool, colours[i % len(colours)])
+    for pool in pools:
+        c = pool_colour(pool, pools)
         top.plot(*_per_round(runs, f"clip_rate/{pool}"), color=c, label=pool)
         bottom.plot(*_per_round(runs, f"mean_norm/{pool}"), color=c, label=f"{pool} mean norm")
         bottom.plot(*_per_round(runs, f"threshold/{pool}"), color=c, ls="--", label=f"{pool} threshold")
     top.set_ylabel("clients clipped (fraction)")
     top.set_ylim(0, 1.05)
-    top.legend(fontsize=7)
+    legend_outside(top)
     bottom.set_yscale("log")
     bottom.set_ylabel("pool norm")
     bottom.set_xlabel("round")
     bottom.xaxis.get_major_locator().set_params(integer=True)
-    bottom.legend(fontsize=7)
+    legend_outside(bottom)
     top.set_title(title + _noise_note(runs), fontsize=9)
     return _save(fig, path)
 
@@ -210,14 +241,14 @@ def plot_sigma_vs_alpha(runs: Sequence[Run], path: Path) -> bool:
     markers = {}
     for r in split:
         for pool, s in r.sigmas.items():
-            colour = COLOURS["encoder"] if "enc" in pool else COLOURS["decoder"]
+            colour = pool_colour(pool)
             label = None if pool in markers else f"runs: {pool}"
             markers[pool] = True
             ax.scatter([float(r.final["alpha"])], [s], color=colour, edgecolor="k", zorder=3, label=label)
     ax.set_yscale("log")
     ax.set_xlabel("α (encoder share of C²)")
     ax.set_ylabel("effective noise multiplier σ_k")
-    ax.legend(fontsize=7)
+    legend_outside(ax)
     return _save(fig, path)
 
 
@@ -247,7 +278,7 @@ def plot_wer_vs_alpha(runs: Sequence[Run], path: Path) -> bool:
     ax.set_xscale("log")
     ax.set_xlabel("α (encoder share of C²)")
     ax.set_ylabel("WER")
-    ax.legend(fontsize=7)
+    legend_outside(ax)
     return _save(fig, path)
 
 
@@ -287,7 +318,7 @@ def plot_wer_by_method(runs: Sequence[Run], path: Path) -> bool:
         ax.set_xticklabels([f"{c.method}\n(n={c.n})" for c in mine], rotation=45, ha="right",
                            fontsize=7)
         ax.set_title(f"{arch} · {cond}", fontsize=9)
-        ax.legend(fontsize=6, loc="upper left")
+    legend_outside(axes[0][-1], fontsize=6)  # one legend, right of the last panel
     axes[0][0].set_ylabel("WER")
     tops = [c.ci_high for c in cells if math.isfinite(c.ci_high)] + [c.mean for c in cells]
     axes[0][0].set_ylim(0, 1.3 * max(tops + list(start.values())))  # headroom for the legend
@@ -310,14 +341,17 @@ def plot_clip_rates(runs: Sequence[Run], title: str, path: Path) -> bool:
 
     plt = _plt()
     fig, (ax, ax_kept) = plt.subplots(1, 2, figsize=(11, 4))
-    for method in sorted(by_method, key=method_key):
+    every_pool = sorted({k.split("/", 1)[1] for rs in by_method.values() for r in rs
+                         for row in r.rounds for k in row if k.startswith("retained/")})
+    for i, method in enumerate(sorted(by_method, key=method_key)):
         rs = by_method[method]
-        line = ax.plot(*_per_round(rs, "clip_rate"), marker=".", label=method)[0]
+        ax.plot(*_per_round(rs, "clip_rate"), marker=".", label=method)
         pools = sorted({k.split("/", 1)[1] for r in rs for row in r.rounds for k in row
                         if k.startswith("retained/")})
-        for pool, style in zip(pools, ("-", "--", ":", "-.") * len(pools)):
-            ax_kept.plot(*_per_round(rs, f"retained/{pool}"), marker=".", ls=style,
-                         color=line.get_color(),
+        for pool in pools:  # the pool's colour, the method's line style
+            ax_kept.plot(*_per_round(rs, f"retained/{pool}"), marker=".",
+                         ls=METHOD_STYLES[i % len(METHOD_STYLES)],
+                         color=pool_colour(pool, every_pool),
                          label=method if pools == ["all"] else f"{method} · {pool}")
     ax.set_ylim(-0.02, 1.05)
     ax.set_ylabel("clients clipped (any pool/group)")
@@ -326,8 +360,44 @@ def plot_clip_rates(runs: Sequence[Run], title: str, path: Path) -> bool:
     for a in (ax, ax_kept):
         a.set_xlabel("round")
         a.xaxis.get_major_locator().set_params(integer=True)
-        a.legend(fontsize=6)
+        legend_outside(a, fontsize=6)
     fig.suptitle(title + _noise_note([r for rs in by_method.values() for r in rs]), fontsize=9)
+    return _save(fig, path)
+
+
+def plot_wer_by_round(runs: Sequence[Run], title: str, path: Path) -> bool:
+    """Test WER against round, one line per method (mean over seeds), where runs were evaluated
+    during training; each line ends at the final evaluation (round R) and the starting model,
+    where scored, is round 0. False when no run evaluated before its last round."""
+    from cluster_fl.report.results import method_key
+
+    by_method = defaultdict(list)
+    for r in runs:
+        by_method[r.method].append(r)
+    if not any(row.get("wer") is not None for r in runs for row in r.rounds):
+        return False
+    start = [r.wer for r in by_method.pop("round-0", [])]
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for method in sorted(by_method, key=method_key):
+        rs = by_method[method]
+        points: dict[int, list[float]] = defaultdict(list)
+        for r in rs:
+            for row in r.rounds:
+                if row.get("wer") is not None:
+                    points[int(row["round"])].append(float(row["wer"]))
+            last = max((int(row["round"]) for row in r.rounds), default=None)
+            if last is not None and math.isfinite(r.wer):
+                points[last].append(r.wer)  # the final evaluation
+        if start:
+            points[0] = list(start)
+        xs = sorted(points)
+        ax.plot(xs, [float(np.mean(points[x])) for x in xs], marker="o", label=method)
+    ax.set_xlabel("round")
+    ax.set_ylabel("test WER (mean over seeds)")
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.set_title(title, fontsize=9)
+    legend_outside(ax)
     return _save(fig, path)
 
 
@@ -352,6 +422,9 @@ def make_figures(runs: Sequence[Run], out: Path) -> list[Path]:
         p = out / f"clip_rates__{_slug(arch + '__' + cond)}.png"
         keep(plot_clip_rates([r for r in runs if (r.arch, r.condition) == (arch, cond)],
                              f"clip rates · {arch} · {cond}", p), p)
+        p = out / f"wer_by_round__{_slug(arch + '__' + cond)}.png"
+        keep(plot_wer_by_round([r for r in runs if (r.arch, r.condition) == (arch, cond)],
+                               f"test WER by round · {arch} · {cond}", p), p)
     keep(plot_wer_by_method(runs, out / "wer_by_method.png"), out / "wer_by_method.png")
     keep(plot_sigma_vs_alpha(runs, out / "sigma_vs_alpha.png"), out / "sigma_vs_alpha.png")
     keep(plot_wer_vs_alpha(runs, out / "wer_vs_alpha.png"), out / "wer_vs_alpha.png")

@@ -8,7 +8,7 @@ with the config, so the row lands in its run's table cell) and ``eval.parquet``;
 what the score depends on (model, data, evaluation, seed) and the regime (client), so it is computed once.
 There is one starting model per seed: a fresh connector (``model.connector_init: fresh``) is drawn
 from the run's seed (``model.connector_seed``), so a study's round-0 varies over its seeds as its
-runs do, and every method of one seed starts from the same model (issue 27; before, every seed
+runs do, and every method of one seed starts from the same model (before, every seed
 shared connector seed 0 and round-0 was one model scored once per seed).
 """
 

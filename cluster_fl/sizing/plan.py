@@ -12,7 +12,7 @@ ZeRO-3 lanes are sized the same way). Per GPU::
                 gathered through forward and backward; a layer is all-gathered into a buffer
                 and copied out into its unsharded parameters (or computes while the next is
                 prefetched): two whole layers. bench/lane_memory.py's CPU lane (211M, 12 x
-                1024, 8 x 3 s, fp32; results/LOG.md, session 5) measured 1146 / 846 MiB per
+                1024, 8 x 3 s, fp32; results/LOG.md, 2026-12-03) measured 1146 / 846 MiB per
                 rank at G=2 without / with checkpointing; this model plans 1136 / 852
     trainable   P x 16 B: fp32 LoRA/connector master weights 4, gradients 4, AdamW moments 8
     buffers     P x 16 B: global state 4, update Δ 4, int64 fixed-point sum 8 (the cpu profile

@@ -31,6 +31,7 @@ from __future__ import annotations
 import socket
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -40,6 +41,7 @@ from submitit.helpers import Checkpointable, DelayedSubmission
 from cluster_fl.config import Config, build_config, to_dict
 from cluster_fl.distributed.launch import export_submitit_env
 from cluster_fl.errors import UserError
+from cluster_fl.progress import Tally
 from cluster_fl.sweep.gridspec import Grid, Resources, RunSpec, expand, run_folder
 from cluster_fl.sweep.pack import check_packing, pack_tasks
 from cluster_fl.sweep.requeue import requeue
@@ -190,10 +192,12 @@ def executor_parameters(grid: Grid, cluster: str) -> dict[str, Any]:
 
 
 def make_executor(grid: Grid, cluster: str) -> submitit.AutoExecutor:
-    """A submitit executor for the grid, logging under ``<out>/<experiment>/.grid/submitit``."""
+    """A submitit executor for the grid, logging to ``<out>/<experiment>/.grid/logs/<job>_<task>_log.err``
+    (and ``.out``): one flat folder, no ``%j`` folder that submitit's array submission leaves
+    unexpanded; the registry records each run's log file."""
     if cluster not in CLUSTERS:
         raise UserError(f"--cluster must be one of {', '.join(CLUSTERS)}, got {cluster!r}")
-    folder = grid.root / ".grid" / "submitit" / "%j"
+    folder = grid.root / ".grid" / "logs"
     try:
         executor = submitit.AutoExecutor(folder=folder, cluster=cluster)
     except RuntimeError as exc:  # e.g. no srun on PATH for --cluster slurm
@@ -247,14 +251,30 @@ def submit(grid: Grid, specs: Sequence[RunSpec], cluster: str, train_fn: TrainFn
         chunk = executor.submit_array([task for _, task in chunk_units])
         write_registry(grid, {
             spec.run_id: {"cluster": cluster, "job_id": str(job.job_id), "host": socket.gethostname(),
-                          "submitted": time.strftime("%Y-%m-%dT%H:%M:%S")}
+                          "submitted": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                          "log": str(job.paths.stderr)}
             for (group, _), job in zip(chunk_units, chunk) for spec in group})
+        link_logs(grid, chunk_units, chunk)
         jobs.extend(chunk)
         # debug jobs run only when their result is asked for; local waves throttle the machine
         more = start + wave < len(units)
         if wait or cluster == "debug" or (cluster == "local" and more):
             failed.update(wait_for_runs(grid, chunk_specs, chunk, cluster, poll_s))
     return jobs, failed
+
+
+def link_logs(grid: Grid, units: Sequence[tuple[Sequence[RunSpec], Any]], jobs: Sequence[Any]) -> None:
+    """``.grid/logs/<run_id>.err`` / ``.out``: links named after each run to its job's log files
+    (a packed task's runs share one), so a run's log is found by its name."""
+    folder = grid.root / ".grid" / "logs"
+    folder.mkdir(parents=True, exist_ok=True)
+    for (group, _), job in zip(units, jobs):
+        for spec in group:
+            for suffix, target in ((".err", job.paths.stderr), (".out", job.paths.stdout)):
+                link = folder / f"{spec.run_id}{suffix}"
+                if link.is_symlink() or link.exists():
+                    link.unlink()
+                link.symlink_to(Path(target).name)  # relative: the folder can move
 
 
 def wait_for_runs(grid: Grid, specs: Sequence[RunSpec], jobs: Sequence[Any], cluster: str,
@@ -269,12 +289,17 @@ def wait_for_runs(grid: Grid, specs: Sequence[RunSpec], jobs: Sequence[Any], clu
             except Exception:  # noqa: BLE001 -- one failed run must not stop the grid
                 pass
     delay = min(0.2, poll_s)
+    tally = Tally(len(specs), f"grid {grid.experiment}")  # a bar on a terminal, lines elsewhere
     while True:
         states = status_mod.grid_states_of(list(specs), status_mod.read_registry(grid))
+        count = Counter(state for _, state in states)
+        tally.update(count["done"] + count["failed"] + count["missing"],
+                     ", ".join(f"{count[k]} {k}" for k in status_mod.STATES if count[k]))
         if not any(state in ("pending", "running") for _, state in states):
             break
         time.sleep(delay)
         delay = min(delay * 1.5, poll_s)
+    tally.close()
     registry = status_mod.read_registry(grid)
     failed = {}
     for spec, state in states:

@@ -23,6 +23,11 @@ missing    no run folder status and no live job                                 
 :func:`failure_reason` explains a failed run: the folder's recorded error, else the scheduler's
 final state (``sacct``) and the telling line of the job's log (SLURM's ``*** JOB … CANCELLED …``,
 the exception of a traceback).
+
+:func:`run_progress` says how far a run is: round r/R and ε so far from its folder, the WER of a
+done run from ``final.parquet``, and the ETA of a running one from the round times of its
+operator log (``.operator/``, beside the run folders: the operator's own file, read for the
+operator's screen and never copied into anything released).
 """
 
 from __future__ import annotations
@@ -204,11 +209,14 @@ def grid_states(grid: Grid, specs: list[RunSpec] | None = None,
 
 
 def job_log(grid: Grid, record: Mapping[str, Any] | None) -> Path | None:
-    """The submitit error log of a registry record's job (``.grid/submitit/<job>/<job>_0_log.err``)."""
+    """The error log of a registry record's job: the file the registry names
+    (``.grid/logs/<job>_<task>_log.err``), else where grids submitted before it kept it
+    (``.grid/submitit/<job>/<job>_0_log.err``)."""
     if not record:
         return None
     job = str(record.get("job_id"))
-    path = grid.root / ".grid" / "submitit" / job / f"{job}_0_log.err"
+    path = (Path(record["log"]) if record.get("log") else
+            grid.root / ".grid" / "submitit" / job / f"{job}_0_log.err")
     return path if path.is_file() else None
 
 
@@ -248,6 +256,47 @@ def failure_reason(grid: Grid, spec: RunSpec, record: Mapping[str, Any] | None) 
     elif not status:
         parts.append("the run never started (no status.json)")
     return "; ".join(parts) or "no reason recorded"
+
+
+def run_progress(folder: Path, status: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """How far the run in ``folder`` is: ``round``, ``rounds``, ``epsilon`` (so far), ``wer``
+    (done runs) and ``eta_s`` (running runs: the rounds left times the mean of the last ten
+    round times in the operator log); keys whose value is not known are left out."""
+    from cluster_fl.engine.metrics import read_rows
+    from cluster_fl.engine.operator_log import read_operator_log
+
+    folder = Path(folder)
+    status = status if status is not None else (read_status(folder) or {})
+    out: dict[str, Any] = {k: status[k] for k in ("round", "rounds") if status.get(k) is not None}
+    final = read_rows(folder / "final.parquet") if status.get("state") == "done" else []
+    rows = final or read_rows(folder / "rounds.parquet")
+    if rows and rows[-1].get("epsilon") is not None:
+        out["epsilon"] = float(rows[-1]["epsilon"])
+    if final and final[-1].get("wer") is not None:
+        out["wer"] = float(final[-1]["wer"])
+    if status.get("state") == "running" and out.get("rounds"):
+        times = [float(e["wall_s"]) for e in read_operator_log(folder)
+                 if e.get("event") == "round" and e.get("wall_s") is not None][-10:]
+        if times:
+            out["eta_s"] = (out["rounds"] - out.get("round", 0)) * sum(times) / len(times)
+    return out
+
+
+def progress_text(progress: Mapping[str, Any]) -> str:
+    """``round 3/12, ETA 4:10, eps 88`` or ``WER 0.6583, eps 473``."""
+    from cluster_fl.progress import format_duration
+
+    parts = []
+    if "wer" in progress:
+        parts.append(f"WER {progress['wer']:.4f}")
+    elif "rounds" in progress:
+        parts.append(f"round {progress.get('round', 0)}/{progress['rounds']}")
+        if "eta_s" in progress:
+            parts.append(f"ETA {format_duration(progress['eta_s'])}")
+    if "epsilon" in progress:
+        eps = progress["epsilon"]
+        parts.append(f"eps {eps:.3g}" if eps == eps and eps != float("inf") else "eps inf")
+    return ", ".join(parts)
 
 
 def format_states(states: list[tuple[RunSpec, str]]) -> str:

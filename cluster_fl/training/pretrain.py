@@ -13,7 +13,7 @@ slow. ``pretrain.minutes`` is then only a cap per invocation: when it runs out b
 budget, the unfinished checkpoint is saved and the command fails with a message; run it again to
 resume (the resumed result equals one uninterrupted run). With ``pretrain.steps: 0`` the budget
 is ``pretrain.minutes`` of wall clock, whose checkpoint depends on the machine's speed and load
-(the default before issue 27; a warning says so).
+(the default before the pre-registered study; a warning says so).
 With ``pretrain.mode: separate`` the second phase trains only the decoder, as a character LM on
 the public transcripts (no audio), and the connector keeps its random init: the stand-in for a
 speech encoder and an LLM pretrained apart, which the federated stage then joins (the paper's
@@ -43,6 +43,25 @@ from cluster_fl.models.build import build_base
 from cluster_fl.models.checkpoint import load_checkpoint, read_meta, save_checkpoint
 from cluster_fl.models.registry import get_arch
 from cluster_fl.models.speech_llm import SpeechLLM, collate
+from cluster_fl.progress import format_duration, on_terminal
+
+
+def _eta(step: int, steps: int, spent_s: float, start_step: int) -> str:
+    """``  of 5600, ETA 4:10`` for a step budget (this call's mean step time; empty without one)."""
+    if steps <= 0 or step <= start_step:
+        return ""
+    return (f"  of {steps}, ETA "
+            f"{format_duration((steps - step) * spent_s / (step - start_step))}")
+
+
+def _bar(steps: int, start_step: int) -> Any:
+    """A tqdm bar over a step budget when stderr is a terminal, else None."""
+    if steps <= 0 or not on_terminal():
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=steps, initial=start_step, desc="pretrain", unit="step", leave=False,
+                dynamic_ncols=True)
 
 
 def split_heldout(examples: Sequence[Any], per_language: int, seed: int
@@ -147,6 +166,7 @@ def train(model: SpeechLLM, examples: Sequence[Any], *, lr: float, batch_size: i
     started = time.monotonic()
     began = started - start_elapsed
     step, losses, capped = start_step, [], False
+    bar = _bar(steps, start_step)  # a bar on a terminal; the step lines below go to any log
     epoch, order = -1, []
     while True:
         now = time.monotonic()
@@ -188,13 +208,17 @@ def train(model: SpeechLLM, examples: Sequence[Any], *, lr: float, batch_size: i
         opt.step()  # parameters without a gradient (the decoder while CTC-only) are skipped
         losses.append(float(loss.detach()))
         step += 1
+        if bar is not None:
+            bar.update(1)
         if step % 50 == 0:
             phase = "ctc" if joint_start is None else "lm" if separate else "loss"
             log(f"step {step:6d}  {elapsed / 60:5.1f} min  {phase} {np.mean(losses[-50:]):.3f}  "
-                f"lr {opt.param_groups[0]['lr']:.2e}")
+                f"lr {opt.param_groups[0]['lr']:.2e}{_eta(step, steps, now - started, start_step)}")
         if eval_every and on_eval is not None and step % eval_every == 0:
             on_eval(step, time.monotonic() - began, joint_start)
             model.train()
+    if bar is not None:
+        bar.close()
     return {"step": step, "elapsed_s": time.monotonic() - began, "losses": losses,
             "optimizer": opt, "joint_start": joint_start, "capped": capped}
 

@@ -1,4 +1,4 @@
-"""Smoke test of the peer benchmark driver (bench/peers/run.py, issue 13) at a tiny size.
+"""Smoke test of the peer benchmark driver (bench/peers/run.py) at a tiny size.
 
 The cluster_fl cell always runs through the driver (fresh process, warm-up + timed rounds);
 pfl and Flower run only where they are installed (the optional ``bench`` extra), Flower's Ray
@@ -90,8 +90,8 @@ def test_flower_cell_counts_every_client_once(work_dir: Path, capsys) -> None:
     _check(cells, "flower", ["dp"])
 
 
-def test_default_matrix_is_issue_13s() -> None:
-    """Issue 13's matrix; on a CPU each peer in both precisions (its faster one is the peer)."""
+def test_default_matrix_is_the_benchmarks() -> None:
+    """The benchmark's matrix; on a CPU each peer in both precisions (its faster one is the peer)."""
     cells = run.cells_for(run.parse_args([]))
     labels = {c.label for c in cells}
     for privacy in ("dp", "fedavg"):
@@ -133,7 +133,7 @@ def test_table_reports_failures_and_ratios() -> None:
 
 
 def test_work_names_one_device_and_the_peers_precision() -> None:
-    """Issue 24 item 7: every framework trains on the same device; the peers' loop computes in
+    """The sync-free step: every framework trains on the same device; the peers' loop computes in
     bf16 under autocast on a GPU unless told otherwise, in fp32 on a CPU."""
     assert not run.Work().peer_bf16
     assert run.Work(device="cuda").peer_bf16 and run.Work(device="cuda:1").peer_bf16

@@ -1,4 +1,4 @@
-"""The step profiler (bench/step_profile.py, issue 23) on a run's own config, at a tiny size.
+"""The step profiler (bench/step_profile.py) on a run's own config, at a tiny size.
 
 What must hold: the hooks it wraps still exist (a renamed engine method broke ``profile`` once,
 unnoticed), it counts the client updates and local steps the rounds really trained (Poisson

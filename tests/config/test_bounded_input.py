@@ -1,4 +1,4 @@
-"""Config input is bounded (issue 49): an alias bomb, brackets nested 100,000 deep, a value of
+"""Config input is bounded: an alias bomb, brackets nested 100,000 deep, a value of
 megabytes, a 10,000-digit number, a folder name longer than the file system allows -- each is one
 line naming the key or file and exit 2, never a traceback or an expansion of 9^9 items."""
 

@@ -105,7 +105,7 @@ def test_dump_config_round_trips(capsys, tmp_path):
     path = tmp_path / "resolved.yaml"
     path.write_text(text)
     again = load_config(path)
-    # the resolved config: data.n_mels is the model's (issue 25), written as a number
+    # the resolved config: data.n_mels is the model's, written as a number
     assert again == resolve_shapes(load_config(LAYOUT, ["privacy.clipping=pools",
                                          "privacy.pools=[{name: e, components: [encoder], "
                                          "share: 0.25}, {name: d, components: [connector, "
@@ -153,7 +153,7 @@ def test_lane_layout_keys_do_not_change_the_run_id():
 
 def test_files_enter_the_run_id_by_their_last_name():
     """The same corpus and checkpoint under another home are the same run: the same id, so the
-    same research noise (two demo clones in two homes printed two tables until session 14)."""
+    same research noise (two demo clones in two homes printed two tables until 2026-12-05)."""
     from cluster_fl.engine.rundir import run_id
 
     def rid(corpus: str, ckpt: str) -> str:

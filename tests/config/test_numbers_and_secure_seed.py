@@ -93,7 +93,7 @@ def test_secure_run_ids_say_so_and_research_ids_do_not_move():
     secure = run_id(resolved_config(None, ["privacy.secure_mode=true"]))
     assert "_ssecure_" in secure
     # pinned (computed before this change): results/ folders and grids rely on ids. Moved once,
-    # in session 14: the default corpus became corpus-v3 and paths enter ids by their last name
+    # on 2026-12-05: the default corpus became corpus-v3 and paths enter ids by their last name
     # (with the base dtype of those runs: the default became `auto`, bf16 on AMX CPUs)
     assert run_id(resolved_config(None, ["model.dtype=float32"])) == \
         "whisper-tinyllama-tiny_unfrozen_alpha-split_s0_6c0e30c8"

@@ -1,4 +1,4 @@
-"""No silent fallback (issue 25, item 5): ``run.device: cuda`` without CUDA is an error, the GPU
+"""No silent fallback: ``run.device: cuda`` without CUDA is an error, the GPU
 index follows how the launcher handed out GPUs (one GPU per task: ``cuda:0``, not
 ``cuda:LOCAL_RANK``), and intra-op threads come from the process's affinity mask shared with the
 ranks whose masks overlap it -- not from the machine's CPU count."""

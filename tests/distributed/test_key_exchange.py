@@ -1,4 +1,4 @@
-"""Secure mode's keys across real gloo ranks (issue 49, item 4): the X25519 public keys carry a
+"""Secure mode's keys across real gloo ranks (item 4): the X25519 public keys carry a
 tag under the job's secret and a key without it is refused; the cohort key and the secure seed
 reach every rank encrypted under its pair key, never in plain on the wire."""
 

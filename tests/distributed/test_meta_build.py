@@ -1,4 +1,4 @@
-"""Meta-device build for sharded lanes (issue 25, item 4): with ``model.shard_group_size`` > 1
+"""Meta-device build for sharded lanes: with ``model.shard_group_size`` > 1
 no rank holds the whole frozen base. A real architecture is built as a skeleton on the meta
 device; FSDP2 allocates each rank's shards and reads only their rows from the safetensors
 checkpoint, DeepSpeed partitions it one module at a time. Against a whole ``from_pretrained``

@@ -192,7 +192,7 @@ def test_the_range_check_reserves_the_offset_tail():
 
 def test_a_private_sum_sends_no_exact_contribution_counts():
     """The per-field counts rode in the masked buffer and every rank decoded the exact number of
-    contributing clients (issue 49, item 8); a DP run's buffer carries zeros there, and its sum
+    contributing clients (item 8); a DP run's buffer carries zeros there, and its sum
     is the same."""
     def summed(release: bool):
         s = SecureSummer({"g": 3}, frac_bits=32, max_clients=8, bounds=1.0, mode="plain",

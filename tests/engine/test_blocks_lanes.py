@@ -1,4 +1,4 @@
-"""Blocks sized to the lanes (issue 25, item 7): with L lanes, the cohort is never cut into fewer
+"""Blocks sized to the lanes: with L lanes, the cohort is never cut into fewer
 blocks than lanes while a block holds several clients -- 94 clients at K = 16 over 16 lanes gave
 6 blocks and 10 idle lanes. K is capped at ceil(cohort / L); where the K-blocks already occupy
 every lane (and with K = 1) the blocks are exactly those of one rank, which keeps 1 vs N ranks

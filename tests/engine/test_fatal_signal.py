@@ -1,6 +1,6 @@
 """A run killed by a fatal signal inside native code (a compiled kernel, a library) leaves the
 Python stack of every thread on stderr, so the job's log names the layer and the op that died.
-Session 18's segfault inside an inductor kernel left a log that ended at the run's header line:
+The 2026-12-05 segfault inside an inductor kernel left a log that ended at the run's header line:
 Python prints nothing on SIGSEGV unless faulthandler is on, and no ``except`` runs."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A real architecture in a sharded lane trains from its meta-device build (issue 25, item 4):
+"""A real architecture in a sharded lane trains from its meta-device build:
 two ranks forming one FSDP2 lane build the base as a skeleton and each load only its shard of the
 local checkpoint (``setup.sharded_from_meta``), one unsharded rank loads it whole with
 ``from_pretrained``. Same clip decisions for every client of the round, the update within

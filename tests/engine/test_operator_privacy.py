@@ -1,4 +1,4 @@
-"""What a private run says outside its folder (issue 49): stderr (kept by schedulers in job logs)
+"""What a private run says outside its folder: stderr (kept by schedulers in job logs)
 carries no time of day and no exact counts, status.json and log.txt name an unexpected error's
 type only, and the operator log that does hold the exact facts is its owner's alone."""
 

@@ -57,7 +57,7 @@ def test_an_attempt_names_the_cpu_and_its_kernel_features(tmp_path, monkeypatch)
 
 
 def test_an_attempt_records_an_instruction_set_cap(tmp_path, monkeypatch):
-    """A core run with its kernels capped (results/LOG.md, session 22: the AVX2 stand-in for
+    """A core run with its kernels capped (results/LOG.md, 2026-12-06: the AVX2 stand-in for
     another machine) computes other floats; its folder says so."""
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
     monkeypatch.setenv("MKL_ENABLE_INSTRUCTIONS", "AVX2")

@@ -1,4 +1,4 @@
-"""The start of a multi-rank run (issue 25, items 3 and 6), with real gloo processes.
+"""The start of a multi-rank run, with real gloo processes.
 
 * Load phase under the long wait: building the world (corpus scan, model build, checkpoint
   load) ends with a barrier on the slow group, so a rank that loads 5 s late against a 2 s

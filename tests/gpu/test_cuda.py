@@ -57,7 +57,7 @@ def test_tiny_model_on_cuda_in_bf16_makes_the_cpu_runs_clip_decisions(tiny_corpu
 
 
 def test_batched_clients_on_cuda_equal_one_client_at_a_time(tiny_corpus, tmp_path, monkeypatch):
-    # issue 13 on the GPU: a block of 3 clients (one with fewer batches) in one batched step per
+    # many clients per step on the GPU: a block of 3 clients (one with fewer batches) in one batched step per
     # local step gives each client its one-client update (fp32 base: the float tolerance of
     # tests/engine/test_batched.py; bf16 would compare rounding, not batching). cuDNN runs fp32
     # convolutions (the encoder's front end) in TF32 by default, with algorithms that depend on

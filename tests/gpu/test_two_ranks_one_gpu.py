@@ -1,4 +1,4 @@
-"""Two ranks on one GPU (issue 25, item 8; ``-m gpu``, skipped without CUDA): two gloo ranks
+"""Two ranks on one GPU (``-m gpu``, skipped without CUDA): two gloo ranks
 (NCCL refuses two ranks on one device) share the one GPU -- each finds it at ``cuda:0`` from its
 LOCAL_RANK and the visible device count (``distributed.launch.device_index``) -- train 2 rounds of the
 tiny model, and make the clip decision of the 1-process run on the same GPU for every client of

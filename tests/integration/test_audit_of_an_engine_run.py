@@ -62,7 +62,7 @@ def test_cluster_fl_audit_reads_the_engines_recording(recorded, tmp_path, capsys
     assert canary["status"] == "measured", canary
     assert canary["canary"]["noise_source"].startswith("measured")
     side = next(c for c in rep["channels"] if c["channel"] == "side_stats")
-    for attack in ("exact_counts", "timing"):  # the channels issue 28 removed, measured: gone
+    for attack in ("exact_counts", "timing"):  # the channels the privacy hardening removed, measured: gone
         cell = next(a for a in side["attacks"] if a["attack"] == attack)
         assert cell["status"] == "measured" and cell["verdict"] == "pass", cell
         assert cell["positive_control"]["fired"] and not cell["negative_control"]["fired"]

@@ -1,4 +1,4 @@
-"""Presets are code (issue 25, item 2): every architecture in ``configs/arch/`` and every cell of
+"""Presets are code: every architecture in ``configs/arch/`` and every cell of
 every grid in ``configs/grids/`` is built at its real widths, heads, vocabulary and mel bins --
 the depth cut to one encoder and one decoder layer -- trains one client step and decodes one
 utterance, on CPU. The files are enumerated, so a new preset is covered without editing this test,

@@ -1,6 +1,6 @@
-"""model.connector_init=fresh: a pretrained checkpoint with a new connector (issue 14's starting
+"""model.connector_init=fresh: a pretrained checkpoint with a new connector (the first study's starting
 point) -- only the connector moves, one seed gives one init, the init follows the run's seed
-unless model.connector_seed pins it (issue 27), and misuse is refused."""
+unless model.connector_seed pins it, and misuse is refused."""
 
 from __future__ import annotations
 

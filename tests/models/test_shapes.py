@@ -1,4 +1,4 @@
-"""Shapes follow the model (issue 25, item 1): the mel bins of the features -- and the extractor
+"""Shapes follow the model: the mel bins of the features -- and the extractor
 behind them -- come from the model's registry entry or its local checkpoint, and a config that
 contradicts the model is refused when it is read, naming both values."""
 

@@ -1,4 +1,4 @@
-"""Planted bugs the test suite must kill (issue 26): ``python tests/mutants/run.py``.
+"""Planted bugs the test suite must kill: ``python tests/mutants/run.py``.
 
 Each mutant is one or more exact textual replacements in one source file (:data:`MUTANTS` in
 ``catalog.py``), applied to a temporary copy of the repository and run against the few tests that

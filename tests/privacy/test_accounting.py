@@ -152,7 +152,7 @@ def test_guarantee_none_and_zero_noise():
 
 def test_accounting_does_not_flood_stderr_with_absl_convergence_warnings():
     """q = 0.9 at σ = 1 makes dp-accounting drop fractional RDP orders while composing; each drop
-    was a WARNING line on stderr (issue 49: ~100 per ``account``). A fresh process: pytest's
+    was a WARNING line on stderr (the privacy review: ~100 per ``account``). A fresh process: pytest's
     own log handlers would hide them here."""
     import subprocess
     import sys

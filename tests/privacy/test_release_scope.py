@@ -1,4 +1,4 @@
-"""What a private run may release about its clients beyond the noised update (issue 49): the
+"""What a private run may release about its clients beyond the noised update: the
 final evaluation is never on the clients' speakers -- refused in secure mode, ``void`` in
 research mode."""
 
@@ -64,7 +64,7 @@ def test_a_delta_not_below_one_over_n_voids_the_guarantee():
 
 def test_epsilon_is_reported_with_its_neighbouring_relation_and_the_noise_tail(capsys):
     """Fixed-size (replace-one) and Poisson (add/remove) ε sat side by side labelled alike, N
-    released exactly, the secure sampler's truncation nowhere (issue 49, items 11 and 12)."""
+    released exactly, the secure sampler's truncation nowhere (items 11 and 12)."""
     from pathlib import Path
 
     from cluster_fl import cli

@@ -1,4 +1,4 @@
-"""The budget ``train`` keeps (issue 49): σ from ``privacy.target_epsilon`` when σ is unset, a σ
+"""The budget ``train`` keeps: σ from ``privacy.target_epsilon`` when σ is unset, a σ
 that passes the target refused, ``privacy.max_epsilon`` stopping a run cleanly before the round
 that would pass it (and a resume stopping there too), and what is said at start."""
 

@@ -1,4 +1,4 @@
-"""The four promises the hostile-user probe (issue 28) found broken, with real processes and files.
+"""The four promises the hostile-user probe found broken, with real processes and files.
 
 1. Two SIGTERMs during the final evaluation -- the second one inside the write of the
    ``preempted`` status (deterministic), or 0.2 s after the first (from outside) -- end with
@@ -117,7 +117,7 @@ def test_a_checkpoint_copied_in_from_another_run_is_refused(killed_after_round_1
                                                      "fl.rounds=2")))
     shutil.copy(longer, folder / "checkpoint" / "state.pt")
     _refused(config, folder, "belongs to run", reference["folder"].name)
-    # the same run's id and config, but another run: its nonce differs (issue 49)
+    # the same run's id and config, but another run: its nonce differs
     config, folder = _copy(killed_after_round_1, tiny_corpus, tmp_path / "same")
     shutil.copy(longer, folder / "checkpoint" / "state.pt")
     _refused(config, folder, "state.pt", "belongs to another run")

@@ -1,4 +1,4 @@
-"""What a run folder may hand a resume, and what it may not (issue 49): files are data, never
+"""What a run folder may hand a resume, and what it may not: files are data, never
 code; a checkpoint is verified whole; a checkpoint path that is not a checkpoint file is refused
 before anything in the folder is touched.
 """

@@ -18,8 +18,11 @@ COLUMNS = ["arch", "condition", "method", "reference", "seeds", "n_seeds", "n_sp
 
 
 def row(method: str = "m", delta: float = 0.0, lo: float = -0.01, hi: float = 0.01,
-        verdict: str = "within noise", n: int = 5, reference: str = "flat") -> fd.Row:
-    return fd.Row("heavy", method, reference, n, delta, lo, hi, 0.5, verdict)
+        verdict: str = "within noise", n: int = 5, reference: str = "flat",
+        p: float = float("nan")) -> fd.Row:
+    # a Holm p that agrees with the verdict (the rules check the verdict against Δ and p)
+    return fd.Row("heavy", method, reference, n, delta, lo, hi,
+                  0.5 if verdict == "within noise" else 0.01, verdict, 9, p)
 
 
 @pytest.mark.parametrize("fid", ["L", "b1", "b2"])
@@ -49,7 +52,7 @@ def test_finding_c_is_an_equivalence_test(lo, hi, verdict, expected) -> None:
     (0.01, 0.03, "worse", "not reproduced"),
 ])
 def test_finding_d_is_a_non_inferiority_test(lo, hi, verdict, expected) -> None:
-    assert fd.outcome("d", row(lo=lo, hi=hi, verdict=verdict)) == expected
+    assert fd.outcome("d", row(delta=(lo + hi) / 2, lo=lo, hi=hi, verdict=verdict)) == expected
 
 
 def test_no_rule_for_a_descriptive_finding() -> None:
@@ -66,10 +69,10 @@ def _write(path: Path, rows: list[dict]) -> None:
 
 
 def _rec(method: str, delta: float, lo: float, hi: float, verdict: str, n: int = 5,
-         reference: str = "flat", comparisons: int = 9) -> dict:
+         reference: str = "flat", comparisons: int = 9, p: float = 0.5) -> dict:
     return {"method": method, "reference": reference, "n_seeds": n, "delta_wer": delta,
-            "ci_low": lo, "ci_high": hi, "p_holm": 0.01, "verdict": verdict,
-            "comparisons": comparisons}
+            "ci_low": lo, "ci_high": hi, "p_holm": 0.5 if verdict == "within noise" else 0.01,
+            "verdict": verdict, "comparisons": comparisons, "p": p}
 
 
 def test_the_findings_table_reads_the_study_tables(tmp_path: Path) -> None:
@@ -78,7 +81,7 @@ def test_the_findings_table_reads_the_study_tables(tmp_path: Path) -> None:
         _rec("fedavg", -0.04, -0.055, -0.03, "better"),
         _rec("uniform per-layer", 0.087, 0.07, 0.10, "worse"),
         _rec("size-ema per-layer", 0.001, -0.01, 0.012, "within noise"),
-        _rec("alpha-split α=0.05 per-layer", 0.002, -0.01, 0.013, "within noise", n=3),
+        _rec("alpha-split α=0.05 per-layer", 0.002, -0.01, 0.013, "within noise", n=3, p=0.8),
         _rec("alpha-split α=0.03049 per-layer", 0.01, -0.005, 0.025, "within noise"),
         _rec("size per-layer", 0.03, 0.02, 0.04, "worse", n=1),
     ])
@@ -90,7 +93,8 @@ def test_the_findings_table_reads_the_study_tables(tmp_path: Path) -> None:
     assert by["L", "round-0"].outcome == "reproduced"
     assert by["b1", "uniform per-layer"].outcome == "reproduced"
     assert by["b2", "size-ema per-layer"].outcome == "not reproduced"
-    assert by["c", "alpha-split α=0.05 per-layer"].outcome == "reproduced"
+    # 3 seeds: the t-interval (Δ 0.002 at p 0.8, 2 df: ±0.030) crosses the margin
+    assert by["c", "alpha-split α=0.05 per-layer"].outcome == "inconclusive"
     assert by["c", "alpha-split α=0.05 per-layer"].interim == "interim (3 of 5 seeds)"
     assert by["c", "alpha-split α=0.03049 per-layer"].outcome == "inconclusive"
     assert "12.0×" in by["a", ""].detail and by["a", ""].outcome == "reported"
@@ -135,3 +139,37 @@ def test_the_planned_comparisons_match_the_grids() -> None:
 
 def test_no_tables_says_so(tmp_path: Path) -> None:
     assert fd.findings_markdown(tmp_path).startswith("No comparison tables yet")
+
+
+def test_with_fewer_than_five_seeds_c_judges_the_t_interval_recovered_from_delta_and_p():
+    # the study's EuroLLM α-split row: a 3-seed bootstrap CI inside ±0.02, its t-interval not
+    r = fd.Row("eurollm", "alpha-split", "flat", 3, 0.0009689922480620155, -0.012194801335158278,
+               0.012649723834195723, 1.0, "within noise", 5, 0.8696803247124265)
+    low, high = r.t_interval()
+    assert low == pytest.approx(-0.02146, abs=5e-5) and high == pytest.approx(0.02340, abs=5e-5)
+    assert r.interval()[2] == "t" and fd.outcome("c", r) == "inconclusive"
+    five = fd.Row("heavy", "alpha-split", "flat", 5, 0.00097, -0.0122, 0.0126, 1.0, "within noise",
+                  9, 0.87)
+    assert five.interval() == (-0.0122, 0.0126, "bootstrap") and fd.outcome("c", five) == "reproduced"
+
+
+def test_the_t_interval_is_the_paired_tests_own():
+    from scipy import stats
+
+    diffs = [0.011, -0.004, 0.007]
+    res = stats.ttest_1samp(diffs, 0.0)
+    r = fd.Row("eurollm", "m", "flat", 3, sum(diffs) / 3, -1, 1, 1.0, "within noise", 5, res.pvalue)
+    lo, hi = res.confidence_interval(0.95)
+    assert r.t_interval() == pytest.approx((lo, hi))
+
+
+def test_a_verdict_column_that_contradicts_delta_and_p_is_not_trusted(tmp_path):
+    wrong = fd.Row("heavy", "uniform", "flat", 5, 0.09, 0.07, 0.1, 0.0002, "within noise", 9, 0.0001)
+    assert wrong.checked_verdict == "worse" and fd.outcome("b1", wrong) == "reproduced"
+    claims_worse = fd.Row("heavy", "alpha-split", "flat", 5, 0.001, -0.01, 0.01, 1.0, "worse", 9, 0.9)
+    assert fd.outcome("c", claims_worse) == "reproduced"
+    better = fd.Row("heavy", "fedavg", "flat", 5, -0.04, -0.05, -0.03, 0.002, "worse", 9, 0.001)
+    assert better.checked_verdict == "better"
+    _write(tmp_path / "heavy-vs-flat.csv", [{**_rec("uniform per-layer", 0.09, 0.07, 0.1, "worse"),
+                                             "verdict": "within noise", "p_holm": 0.0002}])
+    assert "worse (the table says within noise: does not match Δ and p)" in fd.findings_markdown(tmp_path)

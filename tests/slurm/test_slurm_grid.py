@@ -104,7 +104,7 @@ def test_runs_preempted_by_scontrol_requeue_and_by_usr2_resume_and_the_grid_repo
         resumed = re.findall(r"resumed from round (\d+)", (folder / "log.txt").read_text())
         assert len(stopped) == 1 and resumed == stopped and 1 <= int(stopped[0]) < rounds, run
         # the first attempt ended without an error result (the old bug: CalledProcessError)
-        err = (root / ".grid" / "submitit" / job[run] / f"{job[run]}_0_log.err").read_text()
+        err = (root / ".grid" / "logs" / f"{job[run]}_0_log.err").read_text()
         assert "CalledProcessError" not in err and "Traceback" not in err, err[-3000:]
     assert set(final_accounting(job[FLAT].split("_")[0]).values()) == {"COMPLETED"}
 

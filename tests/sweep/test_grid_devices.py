@@ -1,5 +1,5 @@
 """A grid that would silently train on CPU is refused or warned about before submission, naming
-the keys (issue 25, item 5); SLURM's srun gets --cpus-per-task (since 22.05 it does not inherit
+the keys; SLURM's srun gets --cpus-per-task (since 22.05 it does not inherit
 sbatch's), in the submitit path and in the torchrun sbatch template."""
 
 from __future__ import annotations

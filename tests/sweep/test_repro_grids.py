@@ -1,4 +1,4 @@
-"""The pre-registered study's grids (issue 27; results/repro/PROTOCOL.md): repro-heavy and
+"""The pre-registered study's grids (results/repro/PROTOCOL.md): repro-heavy and
 repro-mild parse and expand to the protocol's 9 methods x 5 seeds in their regime -- flat,
 alpha-split at the paper's alpha and at calibrate's, uniform, size, size-EMA, uniform-EMA, 3 pools
 and FedAvg -- with the paper's sigma, per-layer grouping, every test utterance and the
@@ -97,7 +97,7 @@ def test_the_private_grid_is_heavy_flat_uniform_alpha_at_epsilon_at_most_10():
     assert heavy == {0.1} and {s.config.model.connector_init for s in specs} == {"fresh"}
     cfg = override(specs[0].config, {"privacy.population": 2400})
     report = account_report(cfg)
-    # a research-mode grid: the mechanism's ε, recorded as a simulation (issue 28)
+    # a research-mode grid: the mechanism's ε, recorded as a simulation
     assert report["guarantee"] == "simulation" and report["delta"] == 1e-5
     assert report["sampling_rate"] == pytest.approx(0.1)
     assert 9.0 < report["epsilon"] <= 10.0

@@ -1,4 +1,4 @@
-"""Many runs per GPU (issue 24, item 4): ``resources.runs_per_gpu`` N packs N runs on each GPU of
+"""Many runs per GPU: ``resources.runs_per_gpu`` N packs N runs on each GPU of
 a task (on CPU: N runs sharing the task's CPUs), each its own ``cluster-fl train`` process with
 its own CPUs and no launcher variables, after ``plan`` has checked that N runs fit the memory.
 Tested here on CPU as N runs per node through the local cluster."""
