@@ -31,6 +31,7 @@ COMMANDS: dict[str, str] = {
     "account": "epsilon for a config; sigma for a target epsilon",
     "thresholds": "per-group thresholds, per-pool sigma",
     "make-corpus": "synthetic multilingual corpus (MLS layout)",
+    "features": "compute a config's log-mel features into the store",
     "pretrain": "central public pretraining of a tiny model",
     "audit": "the privacy audit of a run folder",
     "dump-config": "print the resolved config",

@@ -468,3 +468,37 @@ class FeatureStore:
                 n += sum(not self._part_path(shard, spk, u).exists() for u in s["units"])
         return n
 
+
+
+def config_splits(data_cfg: Any) -> list[str]:
+    """The splits a run of ``data_cfg`` reads: its clients' and its evaluation's."""
+    return list(dict.fromkeys([data_cfg.client_split, data_cfg.eval_split]))
+
+
+def build_features(data_cfg: Any, part: int = 0, parts: int = 1,
+                   log: Any = None) -> dict[str, Any]:
+    """``cluster-fl features``: compute what is missing of this part's share of the work list
+    (every ``parts``-th item from ``part``) for the config's languages and splits. Returns
+    counts: items, parts computed, parts already there (by difference), unusable rows."""
+    store = FeatureStore.from_config(data_cfg)
+    splits = config_splits(data_cfg)
+    for split in splits:  # the asked split or language missing: say what the corpus has
+        present = {s.language for s in find_shards(store.root, list(data_cfg.languages),
+                                                   [split])}
+        lacking = [lang for lang in data_cfg.languages if lang not in present]
+        if lacking and not (present and data_cfg.allow_missing_languages):
+            from cluster_fl.data.mls import describe_corpus
+
+            raise UserError(f"data: the corpus at {store.root} has no {','.join(lacking)} in "
+                            f"split {split!r}; {describe_corpus(store.root)}")
+    work = store.work(splits, data_cfg.languages)
+    mine = work[part::parts]
+    start, computed = time.monotonic(), 0
+    for i, (shard, speaker) in enumerate(mine):
+        computed += store.build(shard, speaker)
+        if log is not None and time.monotonic() - start > 10 and i + 1 < len(mine):
+            log(f"{i + 1}/{len(mine)} items, {computed} part(s) computed")
+            start = time.monotonic()
+    return {"store": str(store.cache_dir), "splits": splits, "items": len(mine),
+            "of": len(work), "computed": computed, "unusable": len(store.errors),
+            "missing": store.missing(splits, data_cfg.languages) if parts == 1 else None}
