@@ -389,8 +389,11 @@ class EvalConfig:
     """Cap on evaluated utterances (0 = all), taken speaker-stratified."""
     batch_size: int = 32
     """Decoding batch size."""
-    max_new_tokens: int = 64
-    """Greedy decoding length limit (tokens)."""
+    max_new_tokens: int | str = "auto"
+    """Greedy decoding length limit (tokens), or ``auto``: the evaluation set's longest reference
+    in the model's tokens plus a quarter (at least 8 tokens; ``eval.decode_budget``), so a long
+    German or Polish utterance is not cut. Hypotheses cut by the limit are counted and reported
+    beside the WER (``hypotheses_cut``)."""
     decode_cache: str = "auto"
     """Greedy decoding's KV cache: ``static`` (cache, masks and token buffer allocated once, the
     host checks for the end every 8 tokens: on a GPU each check is a synchronisation), ``dynamic``
@@ -403,7 +406,8 @@ class EvalConfig:
         _range(self.every, "eval.every", 0, None, integer=True)
         _range(self.max_utterances, "eval.max_utterances", 0, None, integer=True)
         _range(self.batch_size, "eval.batch_size", 1, None, integer=True)
-        _range(self.max_new_tokens, "eval.max_new_tokens", 1, None, integer=True)
+        if self.max_new_tokens != "auto":
+            _range(self.max_new_tokens, "eval.max_new_tokens", 1, None, integer=True)
         _in(self.decode_cache, DECODE_CACHES, "eval.decode_cache")
         _range(self.bootstrap, "eval.bootstrap", 0, None, integer=True)
 

@@ -153,7 +153,7 @@ class FeatureStore:
     def _content_key(self, files: Sequence[Path]) -> tuple[list[list], str]:
         """(stat of ``files``, SHA-256 of their bytes); hashed once per process per stat."""
         stat = self._stat(files)
-        memo = json.dumps(stat) + str(files[0].parent if files else "")
+        memo = json.dumps([[str(f) for f in files], stat])
         if memo not in self._sha:
             if len(files) == 1:
                 self._sha[memo] = file_sha256(files[0]) if stat[0][1] is not None else ""

@@ -45,7 +45,8 @@ class ShardedEvaluation:
                  batch_size: int, max_new_tokens: int, bootstrap: int, seed: int, *,
                  decode_cache: str = "auto"):
         self.store, self.utterances, self.layout = store, list(utterances), layout
-        self.batch_size, self.max_new_tokens = batch_size, max_new_tokens
+        self.batch_size, self.max_new_tokens = batch_size, max_new_tokens  # an int or "auto"
+        self.budget = 0  # the limit decoded to: eval.max_new_tokens, or auto's (decode_budget)
         self.decode_cache = decode_cache  # eval.decode_cache: speed only, the same rows
         self.bootstrap, self.seed = bootstrap, seed
 
@@ -56,8 +57,10 @@ class ShardedEvaluation:
 
     def decode(self, model: Any, placement: Placement) -> list[tuple[int, dict]]:
         """(index, row) for every utterance of this lane's batches that has features."""
-        from cluster_fl.eval import score_rows, transcribe
+        from cluster_fl.eval import decode_budget, score_rows, transcribe
 
+        self.budget = self.max_new_tokens if self.max_new_tokens != "auto" else decode_budget(
+            "auto", model.tokenizer, [u.transcript for u in self.utterances])
         batches = self.my_batches()
         examples = load_examples(self.store, [self.utterances[i] for b in batches for i in b])
         out: list[tuple[int, dict]] = []
@@ -66,11 +69,15 @@ class ShardedEvaluation:
             items = [examples[self.utterances[i].utterance_id] for i in idx]
             if not items:
                 continue
+            cut: list[bool] = []
             with placement.compute():
                 hyps = transcribe(model, items, batch_size=len(items),
-                                  max_new_tokens=self.max_new_tokens,
-                                  decode_cache=self.decode_cache)
-            out.extend(zip(idx, score_rows(items, hyps)))
+                                  max_new_tokens=self.budget,
+                                  decode_cache=self.decode_cache, cut=cut)
+            rows = score_rows(items, hyps)
+            for row, c in zip(rows, cut):
+                row["cut"] = c  # counted on rank 0, not an eval.parquet column
+            out.extend(zip(idx, rows))
         return out
 
     def run(self, model: Any, placement: Placement, comm: Comm
@@ -85,7 +92,9 @@ class ShardedEvaluation:
             return None, None
         rows = [row for _, row in sorted((pair for part in gathered for pair in part),
                                          key=lambda pair: pair[0])]
-        return summarize(rows, bootstrap=self.bootstrap, seed=self.seed), rows
+        cut = sum(bool(row.pop("cut", False)) for row in rows)
+        return {**summarize(rows, bootstrap=self.bootstrap, seed=self.seed),
+                "hypotheses_cut": cut, "max_new_tokens": self.budget}, rows
 
 
 def evaluation_line(r: int, rounds: int, summary: dict[str, Any]) -> str:
@@ -98,4 +107,11 @@ def evaluation_line(r: int, rounds: int, summary: dict[str, Any]) -> str:
           if isinstance(low, float) and isinstance(high, float) and low == low and high == high
           else "")
     return (f"round {r}/{rounds}: test WER {summary['wer']:.3f}{ci} "
-            f"({int(summary.get('n_utterances', 0))} utterances)")
+            f"({int(summary.get('n_utterances', 0))} utterances{cut_note(summary)})")
+
+
+def cut_note(summary: dict[str, Any]) -> str:
+    """``, N cut at T tokens`` when hypotheses hit ``eval.max_new_tokens`` (their WER is
+    inflated by the cut, not by the model), else nothing."""
+    n = int(summary.get("hypotheses_cut") or 0)
+    return f", {n} cut at {summary.get('max_new_tokens')} tokens" if n else ""

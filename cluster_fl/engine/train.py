@@ -403,7 +403,9 @@ def _finish(run: _Attempt, cfg: Config, comm: Comm, folder: Path, log: Log, stop
             final.update(seed=None, config_json=json.dumps(to_dict(record), sort_keys=True))
         write_rows(folder / "final.parquet", [final])
         write_status(folder, "done", rounds, rounds)
-        log(f"done: WER {final.get('wer', float('nan')):.4f}, epsilon {final['epsilon']:.3g} "
+        from cluster_fl.engine.evaluation import cut_note  # hypotheses cut by the limit
+        log(f"done: WER {final.get('wer', float('nan')):.4f}{cut_note(final)}, "
+            f"epsilon {final['epsilon']:.3g} "
             f"[{world.ledger.to_json()['guarantee']}] -> {folder}")
     comm.barrier(slow=True)  # waits for rank 0's scoring and writes
 
