@@ -86,6 +86,12 @@ class ModelConfig:
     (environment ``CLUSTER_FL_COMPILE=0``/``1`` decides ``auto`` instead); ``true`` / ``false``."""
     activation_checkpointing: bool = False
     """Recompute each encoder/decoder layer's activations in the backward pass (less memory)."""
+    pad_to_window: bool = False
+    """Pad the encoder's input to its whole window (Whisper: 30 s, 3,000 mel frames) with the
+    utterance's silence level and attend over all of it, as Whisper was trained -- the choice
+    for a frozen pretrained encoder; the connector still takes only the utterance's own frames.
+    ``false`` (the default, faster): the encoder sees the utterance alone, padding masked. On
+    2-20 s MLS utterances padding costs ~1.5-15x the encoder's work."""
     shard: str = "none"
     """Sharding of the frozen base inside a client lane: ``none``, ``fsdp2`` or ``deepspeed``
     (ZeRO-3, needs the ``deepspeed`` extra)."""
@@ -96,6 +102,8 @@ class ModelConfig:
     def __post_init__(self) -> None:
         _check(isinstance(self.arch, str) and self.arch != "", "model.arch", "must be a name")
         _in(self.dtype, ("float32", "bfloat16", "float16", "auto"), "model.dtype")
+        _check(isinstance(self.pad_to_window, bool), "model.pad_to_window",
+               f"got {self.pad_to_window!r}; must be true or false")
         _check(self.compile in (True, False, "auto"), "model.compile",
                f"got {self.compile!r}; allowed: true, false, auto")
         _in(self.connector_init, ("checkpoint", "fresh"), "model.connector_init")
