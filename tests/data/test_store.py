@@ -114,3 +114,21 @@ def test_features_command_resumes_after_a_crash(tmp_path, monkeypatch, capsys):
     assert main(["features", str(cfg)]) == 0
     out = capsys.readouterr().out
     assert f" {8 - len(written)} part(s) computed" in out
+
+
+def test_features_of_a_grid_fill_each_distinct_store_once(tmp_path, capsys):
+    corpus = write_hf_parquet(tmp_path / "corpus", "german", SPLITS)
+    grid = tmp_path / "grid.yaml"
+    grid.write_text(
+        f"experiment: g\nout: {tmp_path / 'out'}\nseeds: [0, 1]\n"
+        f"set: {{data.corpus: {corpus}, data.languages: [de], data.client_split: train, "
+        f"data.eval_split: test}}\n"
+        "axes:\n  method:\n    - {name: a, set: {privacy.clipping: flat}}\n"
+        "    - {name: b, set: {privacy.clipping: size}}\n"
+        f"  store:\n    - {{name: one, set: {{data.feature_cache: {tmp_path / 's1'}}}}}\n"
+        f"    - {{name: two, set: {{data.feature_cache: {tmp_path / 's2'}}}}}\n")
+    assert main(["features", str(grid)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2  # 8 runs, 2 distinct data settings
+    assert len(list((tmp_path / "s1").rglob("*.pt"))) == len(list((tmp_path / "s2").rglob(
+        "*.pt"))) == 3 * 2 + 2
