@@ -61,3 +61,13 @@ def test_plan_prints_the_round_time_of_a_grid_cell(capsys):
     assert last.startswith("round: ≈ 51 min a round") and "40 rounds" in last
     assert main(["plan", grid, "--cell", "nope", "--gpus", "4", "--gpu-memory", "80"]) == 2
     assert "whisper-tinyllama__frozen__fedavg" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("u,b,e,cap", [(256, 16, 10, 0), (257, 16, 10, 160), (5, 4, 3, 2),
+                                       (2000, 16, 10, 0)])
+def test_steps_per_client_are_the_engines(u, b, e, cap):
+    from cluster_fl.engine.batched import local_steps
+
+    cfg = load_config(None, [f"fl.batch_size={b}", f"fl.local_epochs={e}",
+                             f"fl.max_local_steps={cap}"])
+    assert round_time(cfg, 1, None, u)["steps_per_client"] == local_steps(u, b, e, cap)
