@@ -36,7 +36,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import torch
 
@@ -427,22 +427,29 @@ class FeatureStore:
         """Nothing is held between calls (kept for callers that drop a shard after use)."""
 
     # -- the features job -------------------------------------------------------------------------
-    def work(self, splits: Sequence[str], languages: Sequence[str]) -> list[tuple[Shard, str]]:
+    def work(self, splits: Sequence[str], languages: Sequence[str],
+             only: Mapping[str, set] | None = None) -> list[tuple[Shard, str]]:
         """The ``cluster-fl features`` work list: (shard, speaker or "" for a whole Parquet
-        shard), in a stable order, so ``--part i/n`` takes every n-th item."""
+        shard), in a stable order, so ``--part i/n`` takes every n-th item. ``only``: split ->
+        the (language, speaker) keys to compute (a split not in it: every speaker)."""
         items: list[tuple[Shard, str]] = []
         for shard in find_shards(self.root, list(languages), list(splits)):
+            keep = (only or {}).get(shard.split)
             if shard.layout == "openslr":
-                items += [(shard, spk) for spk in sorted(self.index(shard)["speakers"])]
+                items += [(shard, spk) for spk in sorted(self.index(shard)["speakers"])
+                          if keep is None or (shard.language, spk) in keep]
             else:
                 items.append((shard, ""))
         return items
 
-    def build(self, shard: Shard, speaker: str = "") -> int:
-        """Compute what is missing of one work item; returns the parts computed (0: all there)."""
+    def build(self, shard: Shard, speaker: str = "", keep: set | None = None) -> int:
+        """Compute what is missing of one work item (of a Parquet shard: of the speakers in
+        ``keep``, all when None); returns the parts computed (0: all there)."""
         speakers = self.index(shard)["speakers"]
         todo: dict[str, dict] = {}
-        for spk in ([speaker] if speaker else sorted(speakers)):
+        names = [speaker] if speaker else [spk for spk in sorted(speakers)
+                                           if keep is None or (shard.language, spk) in keep]
+        for spk in names:
             for unit, e in speakers[spk]["units"].items():
                 if self._part(shard, spk, unit, e, compute=False) is None:
                     todo.setdefault(spk, {})[unit] = e
@@ -452,9 +459,10 @@ class FeatureStore:
         self._compute(shard, todo)
         return self.computed_parts - before
 
-    def missing(self, splits: Sequence[str], languages: Sequence[str]) -> int:
-        """Parts not in the store (existence only: a quick check for ``grid``); -1 when the
-        corpus is not readable here."""
+    def missing(self, splits: Sequence[str], languages: Sequence[str],
+                only: Mapping[str, set] | None = None) -> int:
+        """Parts not in the store (existence only: a quick check for ``grid``; ``only`` as for
+        :meth:`work`); -1 when the corpus is not readable here."""
         try:
             shards = find_shards(self.root, list(languages), list(splits))
         except UserError:
@@ -464,8 +472,10 @@ class FeatureStore:
             idx_path = self.shard_dir(shard) / INDEX
             if not idx_path.exists():
                 return max(n, 1)
+            keep = (only or {}).get(shard.split)
             for spk, s in self.index(shard)["speakers"].items():
-                n += sum(not self._part_path(shard, spk, u).exists() for u in s["units"])
+                if keep is None or (shard.language, spk) in keep:
+                    n += sum(not self._part_path(shard, spk, u).exists() for u in s["units"])
         return n
 
 
@@ -473,6 +483,16 @@ class FeatureStore:
 def config_splits(data_cfg: Any) -> list[str]:
     """The splits a run of ``data_cfg`` reads: its clients' and its evaluation's."""
     return list(dict.fromkeys([data_cfg.client_split, data_cfg.eval_split]))
+
+
+def config_speakers(store: FeatureStore, data_cfg: Any) -> dict[str, set]:
+    """split -> the (language, speaker) keys a run of ``data_cfg`` trains on, when
+    ``data.max_clients`` picks some (the paper's 316 of MLS's ~6,000 training speakers: the
+    store then holds those, not 44,000 hours of English); {} when every speaker is a client."""
+    if not data_cfg.max_clients or data_cfg.client_split == data_cfg.eval_split:
+        return {}
+    clients = store.clients(data_cfg.client_split, data_cfg.languages, data_cfg.max_clients)
+    return {data_cfg.client_split: {(c.language, c.speaker) for c in clients}}
 
 
 def build_features(data_cfg: Any, part: int = 0, parts: int = 1,
@@ -491,14 +511,15 @@ def build_features(data_cfg: Any, part: int = 0, parts: int = 1,
 
             raise UserError(f"data: the corpus at {store.root} has no {','.join(lacking)} in "
                             f"split {split!r}; {describe_corpus(store.root)}")
-    work = store.work(splits, data_cfg.languages)
+    only = config_speakers(store, data_cfg)
+    work = store.work(splits, data_cfg.languages, only)
     mine = work[part::parts]
     start, computed = time.monotonic(), 0
     for i, (shard, speaker) in enumerate(mine):
-        computed += store.build(shard, speaker)
+        computed += store.build(shard, speaker, only.get(shard.split))
         if log is not None and time.monotonic() - start > 10 and i + 1 < len(mine):
             log(f"{i + 1}/{len(mine)} items, {computed} part(s) computed")
             start = time.monotonic()
     return {"store": str(store.cache_dir), "splits": splits, "items": len(mine),
             "of": len(work), "computed": computed, "unusable": len(store.errors),
-            "missing": store.missing(splits, data_cfg.languages) if parts == 1 else None}
+            "missing": store.missing(splits, data_cfg.languages, only) if parts == 1 else None}

@@ -132,3 +132,18 @@ def test_features_of_a_grid_fill_each_distinct_store_once(tmp_path, capsys):
     assert len(lines) == 2  # 8 runs, 2 distinct data settings
     assert len(list((tmp_path / "s1").rglob("*.pt"))) == len(list((tmp_path / "s2").rglob(
         "*.pt"))) == 3 * 2 + 2
+
+
+@pytest.mark.parametrize("writer", [write_openslr, write_hf_parquet])
+def test_features_for_max_clients_compute_those_speakers_and_every_test_speaker(tmp_path, writer):
+    corpus = writer(tmp_path / "corpus", "german", SPLITS)
+    cfg = _config(tmp_path, corpus)
+    assert main(["features", str(cfg), "data.max_clients=2"]) == 0
+    speakers = {p.parent.name for p in (tmp_path / "store").rglob("*.pt")}
+    assert speakers == {"1844", "2223", "4004"}  # the 2 clients of 3, and the test speaker
+    store = FeatureStore(corpus, tmp_path / "store", progress=False)
+    for c in store.clients("train", ["de"], max_clients=2):
+        store.client(c)
+    assert store.computed_parts == 0
+    assert main(["features", str(cfg)]) == 0  # every client now: only the third is computed
+    assert {p.parent.name for p in (tmp_path / "store").rglob("*.pt")} == speakers | {"3119"}
