@@ -51,6 +51,7 @@ FEATURE_VERSION = 3
 INDEX = "index.json"
 MANIFEST = "manifest.json"  # per speaker: its rows, ids and transcripts per unit
 UNKNOWN_SECONDS = 30.0  # an utterance of unknown duration counts as Whisper's whole window
+_ABSENT = object()  # an utterance the store has no row for (not even an unusable one)
 
 
 def _text_key(utts: Sequence[Utterance]) -> str:
@@ -377,24 +378,26 @@ class FeatureStore:
                 for uid, f in zip(p["utterance_ids"], p["features"])}
 
     def examples(self, utterances: Sequence[Utterance]) -> list[Example]:
-        """Examples for ``utterances`` in their order; rows without features are skipped. One
-        speaker's parts are read at a time."""
-        loaded: dict[tuple[str, str], dict[str, Any]] = {}
+        """Examples for ``utterances`` in their order; rows without features are skipped. Each
+        speaker's parts are read once, one speaker at a time; only the asked examples are kept."""
+        wanted: dict[tuple[str, str, str, str], set[str]] = {}
+        for u in utterances:
+            wanted.setdefault((u.shard, u.speaker, u.language, u.split), set()).add(
+                u.utterance_id)
+        found: dict[str, Any] = {}
+        for (shard, speaker, language, split), ids in wanted.items():
+            have = self._speaker_examples(Shard(shard, language, split), speaker, language)
+            for uid in ids:
+                found[uid] = have.get(uid, _ABSENT)
         out = []
         for u in utterances:
-            key = (u.shard, u.speaker)
-            if key not in loaded:
-                loaded.clear()  # utterances come grouped by speaker: one in memory at a time
-                loaded[key] = self._speaker_examples(Shard(u.shard, u.language, u.split),
-                                                     u.speaker, u.language)
-            ex = loaded[key].get(u.utterance_id)
-            if ex is None:
-                if u.utterance_id not in loaded[key]:
-                    self._report({"utterance_id": u.utterance_id, "shard": u.shard,
-                                  "reason": "no features in the store"}, warn=True)
-                continue
-            ex.transcript = u.transcript
-            out.append(ex)
+            ex = found[u.utterance_id]
+            if ex is _ABSENT:
+                self._report({"utterance_id": u.utterance_id, "shard": u.shard,
+                              "reason": "no features in the store"}, warn=True)
+            elif ex is not None:  # None: an unusable row, reported when its part was read
+                out.append(Example(ex.features, u.transcript, ex.utterance_id, ex.speaker,
+                                   ex.language))
         return out
 
     def split(self, split: str, languages: Sequence[str] | None = None,

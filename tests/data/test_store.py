@@ -147,3 +147,21 @@ def test_features_for_max_clients_compute_those_speakers_and_every_test_speaker(
     assert store.computed_parts == 0
     assert main(["features", str(cfg)]) == 0  # every client now: only the third is computed
     assert {p.parent.name for p in (tmp_path / "store").rglob("*.pt")} == speakers | {"3119"}
+
+
+def test_utterances_of_interleaved_speakers_read_each_part_once(tmp_path, monkeypatch):
+    corpus = write_hf_parquet(tmp_path / "corpus", "german", SPLITS)
+    store = FeatureStore(corpus, tmp_path / "store", progress=False)
+    utts = load_utterances(corpus, ["de"], ["train"])
+    first = store.examples(utts)  # computes every part
+    shuffled = sorted(utts, key=lambda u: (u.duration, u.utterance_id))  # as evaluation plans
+    assert len({u.speaker for u in shuffled[:3]}) > 1
+    loaded: list[Path] = []
+    real = torch.load
+    monkeypatch.setattr(store_module.torch, "load",
+                        lambda path, **k: loaded.append(Path(path)) or real(path, **k))
+    again = store.examples(shuffled)
+    assert len(loaded) == len(set(loaded)) == len(list((tmp_path / "store").rglob("*.pt")))
+    by_id = {e.utterance_id: e for e in first}
+    assert [e.utterance_id for e in again] == [u.utterance_id for u in shuffled]
+    assert all(torch.equal(e.features, by_id[e.utterance_id].features) for e in again)
