@@ -5,9 +5,9 @@ The evaluation set is planned from metadata alone (no features loaded): utteranc
 utterances, are dealt to lanes (batch b to lane b mod L), so every batch holds the same
 utterances whatever the number of ranks -- and decoding a batch is a deterministic function of
 its utterances, so the rows equal a 1-rank evaluation's exactly. A lane loads the features of
-its batches one corpus shard at a time (never the whole split), decodes them, and its leader's
-rows are gathered on rank 0 (a ``slow`` collective: it waits for the slowest lane), which puts
-them back in the evaluation set's order and scores them.
+its batches a chunk at a time (``LOADED_UTTERANCES``; never the whole split), decodes them, and
+its leader's rows are gathered on rank 0 (a ``slow`` collective: it waits for the slowest
+lane), which puts them back in the evaluation set's order and scores them.
 """
 
 from __future__ import annotations
@@ -16,6 +16,11 @@ from typing import Any, Sequence
 
 from cluster_fl.distributed import Comm
 from cluster_fl.distributed.parallelize import LaneLayout, Placement
+
+
+# a lane holds the features of at most this many evaluation utterances at once (~1 GiB of
+# 15 s, 128-bin utterances): the whole MLS test set (19,492) would be ~11 GB a lane
+LOADED_UTTERANCES = 2048
 
 
 def plan_batches(utterances: Sequence[Any], batch_size: int) -> list[list[int]]:
@@ -62,9 +67,13 @@ class ShardedEvaluation:
         self.budget = self.max_new_tokens if self.max_new_tokens != "auto" else decode_budget(
             "auto", model.tokenizer, [u.transcript for u in self.utterances])
         batches = self.my_batches()
-        examples = load_examples(self.store, [self.utterances[i] for b in batches for i in b])
         out: list[tuple[int, dict]] = []
-        for batch in batches:
+        examples: dict[str, Any] = {}
+        per_chunk = max(1, LOADED_UTTERANCES // self.batch_size)
+        for b, batch in enumerate(batches):
+            if b % per_chunk == 0:  # the next chunk's features; the last chunk's let go
+                examples = load_examples(self.store, [self.utterances[i] for c in
+                                                      batches[b:b + per_chunk] for i in c])
             idx = [i for i in batch if self.utterances[i].utterance_id in examples]
             items = [examples[self.utterances[i].utterance_id] for i in idx]
             if not items:

@@ -108,3 +108,35 @@ def test_a_runs_evaluation_decodes_with_its_configured_cache(tiny_corpus, tmp_pa
     world = setup.build_world(cfg, LocalComm(), lambda m: None)
     summary, rows = world.evaluate(world.initial_state)
     assert len(rows) == 2 and caches == ["dynamic", "dynamic"]  # eval.batch_size=1
+
+
+def test_a_lane_holds_one_chunk_of_features_at_a_time_and_decodes_the_same(monkeypatch):
+    import cluster_fl.engine.evaluation as evaluation
+    import cluster_fl.eval as eval_pkg
+
+    utts = _utts(10)
+    loads: list[int] = []
+
+    def fake_load(store, group):
+        loads.append(len(group))
+        return {u.utterance_id: {"features": None, "u": u} for u in group}
+
+    monkeypatch.setattr(evaluation, "load_examples", fake_load)
+    monkeypatch.setattr(eval_pkg, "transcribe", lambda model, items, **k: (
+        k["cut"].extend([False] * len(items)) or [it["u"].transcript for it in items]))
+    monkeypatch.setattr(eval_pkg, "score_rows", lambda items, hyps: [
+        {"utt_id": it["u"].utterance_id, "hyp": h} for it, h in zip(items, hyps)])
+
+    class Placement:
+        def compute(self):
+            import contextlib
+            return contextlib.nullcontext()
+
+    whole = ShardedEvaluation(None, utts, LaneLayout(1, 1, 0), 2, 8, 0, 0).decode(None,
+                                                                                   Placement())
+    assert loads == [10]
+    loads.clear()
+    monkeypatch.setattr(evaluation, "LOADED_UTTERANCES", 4)  # two batches of 2 a chunk
+    chunked = ShardedEvaluation(None, utts, LaneLayout(1, 1, 0), 2, 8, 0, 0).decode(None,
+                                                                                     Placement())
+    assert loads == [4, 4, 2] and chunked == whole
