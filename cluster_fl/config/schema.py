@@ -136,20 +136,25 @@ class DataConfig:
     """Where the speech comes from and how it is split into clients."""
 
     corpus: str = "~/.cache/cluster_fl/corpus-v3"
-    """Corpus root in the MLS Parquet layout (synthetic or real MLS); the default is the cache
-    folder of ``cluster-fl demo`` (``data.corpus.DEFAULT_FOLDER``)."""
+    """Corpus root: the embedded synthetic corpus, or a real MLS copy in either layout --
+    Hugging Face Parquet or OpenSLR (``mls_<language>/<split>/transcripts.txt`` + FLAC/Opus),
+    detected per language folder (docs/mls.md); the default is the cache folder of
+    ``cluster-fl demo`` (``data.corpus.DEFAULT_FOLDER``)."""
     languages: tuple[str, ...] = ("en", "de", "nl", "fr", "es", "it", "pt", "pl")
     """Languages to use."""
     client_split: str = "private"
-    """Split whose speakers become federated clients."""
+    """Split whose speakers become federated clients (the embedded corpus: ``private``; real
+    MLS: ``train``)."""
     eval_split: str = "test"
-    """Split used for the final WER."""
+    """Split used for the final WER (real MLS: ``test``; ``dev`` to pick learning rates)."""
     max_clients: int = 0
     """Use at most this many clients (0 = all)."""
     max_utterances_per_client: int = 0
-    """Cap on a client's utterances (0 = no cap)."""
+    """Cap on a client's utterances, its first by id (0 = no cap): bounds a client's local work
+    (an MLS speaker has up to ~2,000 utterances)."""
     feature_cache: str | None = None
-    """Directory for cached log-mel features (default: ``<corpus>/features``)."""
+    """Directory of the features store (default: ``<corpus>/features``), filled ahead of
+    training by ``cluster-fl features`` or on a client's first turn (``data/store.py``)."""
     n_mels: int = 0
     """Mel bins of the log-mel features; 0 = the model's (``models.registry.feature_shape``: the
     local checkpoint's config.json or the registry -- tiny variants 80, whisper-large-v3 and
