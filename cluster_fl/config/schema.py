@@ -147,6 +147,9 @@ class DataConfig:
     MLS: ``train``)."""
     eval_split: str = "test"
     """Split used for the final WER (real MLS: ``test``; ``dev`` to pick learning rates)."""
+    public_split: str = "public"
+    """Split of public speakers, never clients: ``calibrate``'s probe and central pretraining
+    (the embedded corpus: ``public``; real MLS: ``dev``)."""
     max_clients: int = 0
     """Use at most this many clients (0 = all)."""
     max_utterances_per_client: int = 0

@@ -67,7 +67,8 @@ _PATH_KEYS = {("data", "corpus"), ("data", "feature_cache"), ("model", "checkpoi
 _NEW_AT_DEFAULT = {("model", "dtype"): "float32", ("privacy", "grouping"): "matrix",
                    ("pretrain", "mode"): "joint", ("model", "connector_init"): "checkpoint",
                    ("model", "connector_seed"): None,  # null: the run's seed (issue 27)
-                   ("model", "pad_to_window"): False}  # unpadded: as before issue 47
+                   ("model", "pad_to_window"): False,  # unpadded: as before issue 47
+                   ("data", "public_split"): "public"}
 
 
 def path_names(tree: dict[str, Any]) -> dict[str, Any]:
