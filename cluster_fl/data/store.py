@@ -98,12 +98,12 @@ class FeatureStore:
                                           ).hexdigest()[:12]
         base = Path(cache_dir).expanduser() if cache_dir else self.root / "features"
         self.cache_dir = base / self.params_hash
-        self.computed_parts = 0  # units (shards, books) whose features were computed here
+        self.computed_parts = 0  # parts (a speaker's features of one unit) computed here
         # unusable rows, each once: {utterance_id, shard, reason[, client]}
         self.errors: list[dict] = []
         self._reported: set[str] = set()
         self._loading: str | None = None  # the client whose parts are being read
-        self._sha: dict[str, str] = {}  # (files, sizes, mtimes) -> content hash, this process
+        self._sha: dict[str, str] = {}  # (files, their stat) -> content hash, in this process
         self.progress = progress
         self._last_report = time.monotonic()
 
@@ -142,14 +142,13 @@ class FeatureStore:
                 out.append([f.name, None, None])
         return out
 
-    def _unit_files(self, shard: Shard, speaker: str, unit: str,
-                    ids: Sequence[str] | None = None) -> list[Path]:
+    @staticmethod
+    def _unit_files(shard: Shard, ids: Sequence[str]) -> list[Path]:
+        """The audio files a part is computed from: the Parquet shard, or each utterance's file
+        of an OpenSLR book (``ids`` sorted)."""
         if shard.layout != "openslr":
             return [Path(shard.path)]
-        if ids is not None:
-            return [openslr_audio(shard.path, i) for i in ids]
-        folder = Path(shard.path).parent / "audio" / speaker / unit
-        return sorted(folder.glob("*")) if folder.is_dir() else []
+        return [openslr_audio(shard.path, i) for i in ids]
 
     def _content_key(self, files: Sequence[Path]) -> tuple[list[list], str]:
         """(stat of ``files``, SHA-256 of their bytes); hashed once per process per stat."""
@@ -231,27 +230,30 @@ class FeatureStore:
               compute: bool = True) -> dict | None:
         """A speaker's part of one unit: read when its keys hold, else computed (``compute``)."""
         path = self._part_path(shard, speaker, unit)
-        ids = None
+        blob = None
         if path.exists():
             try:
                 blob = torch.load(path, weights_only=True)
                 ids = blob["utterance_ids"] + [e["utterance_id"] for e in blob["skipped"]]
-                if blob.get("params_hash") == self.params_hash and \
-                        blob.get("text") == entry["text"] and self._same_audio(
-                            shard, speaker, unit, sorted(ids), blob):
-                    for e in blob["skipped"]:  # reported again: the run must know
-                        self._report(e, warn=True)
-                    return blob
+                if not (blob.get("params_hash") == self.params_hash and
+                        blob.get("text") == entry["text"] and
+                        self._same_audio(shard, sorted(ids), blob)):
+                    blob = None  # other parameters, transcripts or audio: computed anew
             except Exception:  # a damaged part is computed again, never trusted
-                pass
+                blob = None
+        if blob is not None:
+            for e in blob["skipped"]:  # reported again: the run must know
+                self._report(e, warn=True)
+            return blob
         if not compute:
             return None
         return self._compute(shard, {speaker: {unit: entry}})[(speaker, unit)]
 
-    def _same_audio(self, shard: Shard, speaker: str, unit: str, ids: list[str],
-                    blob: dict) -> bool:
+    def _same_audio(self, shard: Shard, ids: list[str], blob: dict) -> bool:
+        """The part was computed from the unit's current bytes: the same stat, or the same hash
+        (touched, same bytes)."""
         source = blob.get("source") or {}
-        files = self._unit_files(shard, speaker, unit, ids)
+        files = self._unit_files(shard, ids)
         stat = self._stat(files)
         if stat == source.get("stat"):
             return bool(source.get("sha256"))
@@ -276,8 +278,7 @@ class FeatureStore:
         for (speaker, unit), m in wanted.items():
             good = [decoded[i] for i in m["ids"] if i in decoded]
             lost = [lost_ids[i] for i in m["ids"] if i in lost_ids]
-            stat, sha = self._content_key(self._unit_files(shard, speaker, unit,
-                                                           sorted(m["ids"])))
+            stat, sha = self._content_key(self._unit_files(shard, sorted(m["ids"])))
             blob = {"params_hash": self.params_hash, "text": todo[speaker][unit]["text"],
                     "source": {"stat": stat, "sha256": sha},
                     "utterance_ids": [u.utterance_id for u in good],
