@@ -32,6 +32,7 @@ COMMANDS: dict[str, str] = {
     "account": "epsilon for a config; sigma for a target epsilon",
     "thresholds": "the clipping threshold of each layer and the noise of each pool",
     "make-corpus": "synthetic multilingual corpus (MLS layout)",
+    "features": "compute a config's log-mel features into the store",
     "pretrain": "central public pretraining of a tiny model",
     "audit": "the privacy audit of a run folder",
     "export": "a run's LoRA as a PEFT adapter (+ safetensors, model card)",

@@ -87,6 +87,12 @@ class ModelConfig:
     (environment ``CLUSTER_FL_COMPILE=0``/``1`` decides ``auto`` instead); ``true`` / ``false``."""
     activation_checkpointing: bool = False
     """Recompute each encoder/decoder layer's activations in the backward pass (less memory)."""
+    pad_to_window: bool = False
+    """Pad the encoder's input to its whole window (Whisper: 30 s, 3,000 mel frames) with the
+    utterance's silence level and attend over all of it, as Whisper was trained -- the choice
+    for a frozen pretrained encoder; the connector still takes only the utterance's own frames.
+    ``false`` (the default, faster): the encoder sees the utterance alone, padding masked. On
+    2-20 s MLS utterances padding costs ~1.5-15x the encoder's work."""
     shard: str = "none"
     """Sharding of the frozen base inside a client lane: ``none``, ``fsdp2`` or ``deepspeed``
     (ZeRO-3, needs the ``deepspeed`` extra)."""
@@ -97,6 +103,8 @@ class ModelConfig:
     def __post_init__(self) -> None:
         _check(isinstance(self.arch, str) and self.arch != "", "model.arch", "must be a name")
         _in(self.dtype, ("float32", "bfloat16", "float16", "auto"), "model.dtype")
+        _check(isinstance(self.pad_to_window, bool), "model.pad_to_window",
+               f"got {self.pad_to_window!r}; must be true or false")
         _check(self.compile in (True, False, "auto"), "model.compile",
                f"got {self.compile!r}; allowed: true, false, auto")
         _in(self.connector_init, ("checkpoint", "fresh"), "model.connector_init")
@@ -129,20 +137,28 @@ class DataConfig:
     """Where the speech comes from and how it is split into clients."""
 
     corpus: str = "~/.cache/cluster_fl/corpus-v3"
-    """Corpus root in the MLS Parquet layout (synthetic or real MLS); the default is the cache
-    folder of ``cluster-fl demo`` (``data.corpus.DEFAULT_FOLDER``)."""
+    """Corpus root: the embedded synthetic corpus, or a real MLS copy in either layout --
+    Hugging Face Parquet or OpenSLR (``mls_<language>/<split>/transcripts.txt`` + FLAC/Opus),
+    detected per language folder (docs/mls.md); the default is the cache folder of
+    ``cluster-fl demo`` (``data.corpus.DEFAULT_FOLDER``)."""
     languages: tuple[str, ...] = ("en", "de", "nl", "fr", "es", "it", "pt", "pl")
     """Languages to use."""
     client_split: str = "private"
-    """Split whose speakers become federated clients."""
+    """Split whose speakers become federated clients (the embedded corpus: ``private``; real
+    MLS: ``train``)."""
     eval_split: str = "test"
-    """Split used for the final WER."""
+    """Split used for the final WER (real MLS: ``test``; ``dev`` to pick learning rates)."""
+    public_split: str = "public"
+    """Split of public speakers, never clients: ``calibrate``'s probe and central pretraining
+    (the embedded corpus: ``public``; real MLS: ``dev``)."""
     max_clients: int = 0
     """Use at most this many clients (0 = all)."""
     max_utterances_per_client: int = 0
-    """Cap on a client's utterances (0 = no cap)."""
+    """Cap on a client's utterances, its first by id (0 = no cap): bounds a client's local work
+    (an MLS speaker has up to ~2,000 utterances)."""
     feature_cache: str | None = None
-    """Directory for cached log-mel features (default: ``<corpus>/features``)."""
+    """Directory of the features store (default: ``<corpus>/features``), filled ahead of
+    training by ``cluster-fl features`` or on a client's first turn (``data/store.py``)."""
     n_mels: int = 0
     """Mel bins of the log-mel features; 0 = the model's (``models.registry.feature_shape``: the
     local checkpoint's config.json or the registry -- tiny variants 80, whisper-large-v3 and
@@ -414,8 +430,11 @@ class EvalConfig:
     """Cap on evaluated utterances (0 = all), taken speaker-stratified."""
     batch_size: int = 32
     """Decoding batch size."""
-    max_new_tokens: int = 64
-    """Greedy decoding length limit (tokens)."""
+    max_new_tokens: int | str = "auto"
+    """Greedy decoding length limit (tokens), or ``auto``: the evaluation set's longest reference
+    in the model's tokens plus a quarter (at least 8 tokens; ``eval.decode_budget``), so a long
+    German or Polish utterance is not cut. Hypotheses cut by the limit are counted and reported
+    beside the WER (``hypotheses_cut``)."""
     decode_cache: str = "auto"
     """Greedy decoding's KV cache: ``static`` (cache, masks and token buffer allocated once, the
     host checks for the end every 8 tokens: on a GPU each check is a synchronisation), ``dynamic``
@@ -428,7 +447,8 @@ class EvalConfig:
         _range(self.every, "eval.every", 0, None, integer=True)
         _range(self.max_utterances, "eval.max_utterances", 0, None, integer=True)
         _range(self.batch_size, "eval.batch_size", 1, None, integer=True)
-        _range(self.max_new_tokens, "eval.max_new_tokens", 1, None, integer=True)
+        if self.max_new_tokens != "auto":
+            _range(self.max_new_tokens, "eval.max_new_tokens", 1, None, integer=True)
         _in(self.decode_cache, DECODE_CACHES, "eval.decode_cache")
         _range(self.bootstrap, "eval.bootstrap", 0, None, integer=True)
 

@@ -2,7 +2,8 @@
 
 Public API (see each module): ``make_corpus`` (corpus.py); ``load_utterances``, ``find_shards``,
 ``partition_clients``, ``partition_report``, ``format_partition_report``, ``count_clients``
-(mls.py); ``FeatureStore``, ``Example``, ``pad_examples``, ``log_mel`` (features.py);
+(mls.py); ``Example``, ``pad_examples``, ``log_mel`` (features.py); ``FeatureStore``,
+``IndexedClient`` (store.py: the features store, per speaker);
 ``PackedExamples``, ``pack_examples`` (packed.py); ``normalize_text``, ``vocabulary``,
 ``LANGUAGES`` (vocab.py).
 
@@ -19,8 +20,8 @@ _EXPORTS = {
     "make_corpus": "corpus",
     "load_utterances": "mls", "find_shards": "mls", "partition_clients": "mls",
     "partition_report": "mls", "format_partition_report": "mls", "count_clients": "mls",
-    "Utterance": "mls", "Client": "mls", "CorpusWarning": "mls",
-    "FeatureStore": "features", "Example": "features", "pad_examples": "features",
+    "Utterance": "mls", "Client": "mls", "CorpusWarning": "mls", "describe_corpus": "mls",
+    "FeatureStore": "store", "IndexedClient": "store", "Example": "features", "pad_examples": "features",
     "log_mel": "features", "PackedExamples": "packed", "pack_examples": "packed",
     "normalize_text": "vocab", "vocabulary": "vocab", "LANGUAGES": "vocab",
 }

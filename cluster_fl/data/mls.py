@@ -1,11 +1,16 @@
-"""Reader for the MLS Parquet layout (synthetic corpus or real MLS), clients and their report.
+"""Reader for the MLS layouts (synthetic corpus or real MLS), clients and their report.
 
-Layouts understood, under a local root:
+Layouts understood, under a local root, detected per language folder:
 
 * ours: ``<root>/<lang>/<split>/part-*.parquet`` (see :mod:`cluster_fl.data.corpus`);
 * Hugging Face MLS: ``<root>/<language name or code>/[data/]<split>-000NN-of-000MM.parquet``
   (``facebook/multilingual_librispeech``), with columns ``audio{bytes,path}``, ``transcript``,
-  ``speaker_id``, ``id`` and ``audio_duration`` instead of ours.
+  ``speaker_id``, ``id`` and ``audio_duration`` instead of ours;
+* OpenSLR MLS (SLR94): ``<root>/mls_<language>[_opus]/<split>/transcripts.txt`` (``<id>\t<text>``,
+  ids ``<speaker>_<book>_<n>``), ``segments.txt`` (``<id>\t<url>\t<start>\t<end>``: durations
+  without decoding) and ``audio/<speaker>/<book>/<id>.flac`` or ``.opus``. Such a split is one
+  :class:`Shard` whose path is its ``transcripts.txt``; Opus needs a libsndfile that decodes it
+  (:func:`check_opus`).
 
 Audio may be a struct with encoded file bytes (FLAC/WAV, decoded with soundfile), a float list,
 or raw int16 bytes with a ``sampling_rate`` column. A row whose audio does not decode is
@@ -70,6 +75,15 @@ class Shard:
     language: str
     split: str
 
+    @property
+    def layout(self) -> str:
+        """``openslr`` (a split's ``transcripts.txt``) or ``parquet``."""
+        return "openslr" if self.path.endswith(TRANSCRIPTS) else "parquet"
+
+
+TRANSCRIPTS = "transcripts.txt"
+AUDIO_SUFFIXES = (".flac", ".opus")
+
 
 def _language_of(name: str) -> str | None:
     name = name.lower()
@@ -80,15 +94,27 @@ def _language_of(name: str) -> str | None:
 
 def find_shards(root: str | Path, languages: Sequence[str] | None = None,
                 splits: Sequence[str] | None = None) -> list[Shard]:
-    """All shards under ``root`` for the given languages/splits, in a stable sorted order."""
+    """All shards under ``root`` for the given languages/splits, in a stable sorted order.
+
+    A language folder holding ``<split>/transcripts.txt`` is read as OpenSLR, otherwise its
+    Parquet files are the shards."""
+    return [s for s in _all_shards(root) if (languages is None or s.language in languages)
+            and (splits is None or s.split in splits)]
+
+
+def _all_shards(root: str | Path) -> list[Shard]:
     root = Path(root).expanduser()
     if not root.is_dir():
         raise UserError(f"corpus folder {root} does not exist (build one with "
-                        f"'cluster-fl make-corpus {root}')")
+                        f"'cluster-fl make-corpus {root}' or see docs/mls.md for real MLS)")
     shards = []
     for lang_dir in sorted(p for p in root.iterdir() if p.is_dir()):
         lang = _language_of(lang_dir.name)
-        if lang is None or (languages is not None and lang not in languages):
+        if lang is None:
+            continue
+        openslr = sorted(lang_dir.glob(f"*/{TRANSCRIPTS}"))
+        if openslr:
+            shards += [Shard(str(p), lang, p.parent.name) for p in openslr]
             continue
         for path in sorted(lang_dir.rglob("*.parquet")):
             if path.name.startswith("."):
@@ -96,9 +122,31 @@ def find_shards(root: str | Path, languages: Sequence[str] | None = None,
             parent = path.parent.name
             split = parent if parent not in (lang_dir.name, "data") else \
                 path.name.split("-")[0].split(".")[0]
-            if splits is None or split in splits:
-                shards.append(Shard(str(path), lang, split))
+            shards.append(Shard(str(path), lang, split))
     return shards
+
+
+def describe_corpus(root: str | Path) -> str:
+    """What a corpus holds, for an error: its languages and, per language, its splits."""
+    found: dict[str, set[str]] = {}
+    for s in _all_shards(root):
+        found.setdefault(s.language, set()).add(s.split)
+    if not found:
+        return (f"{root} holds no MLS language folder (<lang>/<split>/*.parquet, "
+                "<language>/<split>-*.parquet or mls_<language>/<split>/transcripts.txt)")
+    return "it has " + "; ".join(f"{lang}: {', '.join(sorted(sp))}"
+                                 for lang, sp in sorted(found.items()))
+
+
+def check_opus(path: str | Path) -> None:
+    """A one-line error naming ``path`` when the installed libsndfile cannot decode Opus."""
+    import soundfile as sf
+
+    if "OPUS" not in sf.available_subtypes("OGG"):
+        raise UserError(f"{path}: Opus audio, but the installed libsndfile "
+                        f"({sf.__libsndfile_version__}) does not decode Opus; install "
+                        "libsndfile >= 1.0.29 (pip install -U soundfile ships one) or use "
+                        "the FLAC release of MLS")
 
 
 def _column(table: Any, key: str) -> list | None:
@@ -149,6 +197,8 @@ def decode_audio(value: Any, rate: int | None) -> np.ndarray:
 def read_shard(shard: Shard, decode: bool = False, errors: list[dict] | None = None,
                rows: Iterable[int] | None = None) -> list[Utterance]:
     """Utterances of one shard (optionally only ``rows``); ``decode`` fills ``audio``."""
+    if shard.layout == "openslr":
+        return _read_openslr(shard, decode, errors, rows)
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -184,6 +234,71 @@ def read_shard(shard: Shard, decode: bool = False, errors: list[dict] | None = N
     return out
 
 
+def _read_openslr(shard: Shard, decode: bool, errors: list[dict] | None,
+                  rows: Iterable[int] | None) -> list[Utterance]:
+    """Utterances of one OpenSLR split (``shard.path`` is its ``transcripts.txt``)."""
+    split_dir = Path(shard.path).parent
+    try:
+        lines = Path(shard.path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"{shard.path}: unreadable MLS transcripts ({short_reason(exc)})") from None
+    durations = _segment_durations(split_dir / "segments.txt")
+    entries = [line.split("\t", 1) for line in lines if line.strip()]
+    out = []
+    for i in (range(len(entries)) if rows is None else rows):
+        if len(entries[i]) != 2 or entries[i][0].count("_") < 2:
+            raise UserError(f"{shard.path}: line {i + 1} is not '<speaker>_<book>_<n>\\t<text>'")
+        uid, text = entries[i][0].strip(), entries[i][1]
+        utt = Utterance(uid, uid.split("_")[0], shard.language, shard.split,
+                        normalize_text(text), durations.get(uid), shard.path, i)
+        if decode:
+            try:
+                utt.audio = read_audio_file(openslr_audio(shard.path, uid))
+                utt.duration = len(utt.audio) / SAMPLE_RATE
+            except ValueError as exc:
+                report_problem(errors, uid, shard.path, str(exc))
+                continue
+        out.append(utt)
+    return out
+
+
+def _segment_durations(path: Path) -> dict[str, float]:
+    """utterance id -> seconds, from ``segments.txt`` (absent: durations unknown until decoded)."""
+    if not path.is_file():
+        return {}
+    out = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        parts = line.split("\t")
+        try:
+            out[parts[0]] = round(float(parts[-1]) - float(parts[-2]), 3)
+        except (ValueError, IndexError):
+            continue  # a duration is an estimate for planning; the audio decides
+    return out
+
+
+def openslr_audio(transcripts: str | Path, utterance_id: str) -> Path:
+    """The audio file of an OpenSLR utterance: ``audio/<speaker>/<book>/<id>.flac|.opus``
+    (the FLAC path when neither exists: the caller reports it missing)."""
+    speaker, book = utterance_id.split("_")[:2]
+    base = Path(transcripts).parent / "audio" / speaker / book / utterance_id
+    for suffix in AUDIO_SUFFIXES:
+        if base.with_suffix(suffix).is_file():
+            return base.with_suffix(suffix)
+    return base.with_suffix(".flac")
+
+
+def read_audio_file(path: Path) -> np.ndarray:
+    """An audio file -> float32 mono at 16 kHz; ValueError when missing or undecodable, a
+    :class:`UserError` (one line) when it is Opus and libsndfile cannot decode Opus."""
+    if path.suffix == ".opus":
+        check_opus(path)
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ValueError(f"audio file {path} unreadable ({exc.strerror or exc})") from None
+    return decode_audio({"bytes": data}, None)
+
+
 def report_problem(errors: list[dict] | None, utterance_id: str, shard: str, reason: str) -> None:
     """Record an unusable row: a warning naming the utterance, and an entry in ``errors``."""
     warnings.warn(f"skipping utterance {utterance_id} ({shard}): {reason}", CorpusWarning,
@@ -202,8 +317,8 @@ def load_utterances(root: str | Path, languages: Sequence[str] | None = None,
     """
     shards = find_shards(root, languages, splits)
     if not shards:
-        raise UserError(f"no shards in {root} for languages {languages or 'any'} and splits "
-                        f"{splits or 'any'}")
+        raise UserError(f"no shards in {root} for languages {','.join(languages or ['any'])} "
+                        f"and splits {','.join(splits or ['any'])}: {describe_corpus(root)}")
     utts = [u for s in shards for u in read_shard(s, decode=decode, errors=errors)]
     if max_utterances and len(utts) > max_utterances:
         by_lang: dict[str, list[Utterance]] = {}
@@ -245,26 +360,33 @@ def partition_clients(utterances: Iterable[Utterance], max_clients: int = 0,
     groups: dict[tuple[str, str], list[Utterance]] = {}
     for u in utterances:
         groups.setdefault((u.language, u.speaker), []).append(u)
-    keys = sorted(groups)
-    if max_clients and len(keys) > max_clients:
-        per_lang: dict[str, list[tuple[str, str]]] = {}
-        for k in keys:
-            per_lang.setdefault(k[0], []).append(k)
-        chosen: list[tuple[str, str]] = []
-        depth = 0
-        while len(chosen) < max_clients:
-            for lang in sorted(per_lang):
-                if depth < len(per_lang[lang]) and len(chosen) < max_clients:
-                    chosen.append(per_lang[lang][depth])
-            depth += 1
-        keys = sorted(chosen)
     clients = []
-    for index, (lang, speaker) in enumerate(keys):
+    for index, (lang, speaker) in enumerate(choose_speakers(sorted(groups), max_clients)):
         utts = sorted(groups[(lang, speaker)], key=lambda u: u.utterance_id)
         if max_utterances_per_client:
             utts = utts[:max_utterances_per_client]
         clients.append(Client(index, f"{lang}/{speaker}", speaker, lang, utts))
     return clients
+
+
+def choose_speakers(keys: Sequence[tuple[str, str]], max_clients: int = 0
+                    ) -> list[tuple[str, str]]:
+    """(language, speaker) keys, sorted, of the clients: all, or ``max_clients`` of them taken
+    round-robin over the languages (each language's first speakers in order)."""
+    keys = sorted(keys)
+    if not max_clients or len(keys) <= max_clients:
+        return keys
+    per_lang: dict[str, list[tuple[str, str]]] = {}
+    for k in keys:
+        per_lang.setdefault(k[0], []).append(k)
+    chosen: list[tuple[str, str]] = []
+    depth = 0
+    while len(chosen) < max_clients:
+        for lang in sorted(per_lang):
+            if depth < len(per_lang[lang]) and len(chosen) < max_clients:
+                chosen.append(per_lang[lang][depth])
+        depth += 1
+    return sorted(chosen)
 
 
 def partition_report(clients: Sequence[Client]) -> dict[str, Any]:

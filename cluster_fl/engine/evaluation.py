@@ -5,9 +5,9 @@ The evaluation set is planned from metadata alone (no features loaded): utteranc
 utterances, are dealt to lanes (batch b to lane b mod L), so every batch holds the same
 utterances whatever the number of ranks -- and decoding a batch is a deterministic function of
 its utterances, so the rows equal a 1-rank evaluation's exactly. A lane loads the features of
-its batches one corpus shard at a time (never the whole split), decodes them, and its leader's
-rows are gathered on rank 0 (a ``slow`` collective: it waits for the slowest lane), which puts
-them back in the evaluation set's order and scores them.
+its batches a chunk at a time (``LOADED_UTTERANCES``; never the whole split), decodes them, and
+its leader's rows are gathered on rank 0 (a ``slow`` collective: it waits for the slowest
+lane), which puts them back in the evaluation set's order and scores them.
 """
 
 from __future__ import annotations
@@ -17,6 +17,11 @@ from typing import Any, Sequence
 from cluster_fl.distributed import Comm
 from cluster_fl.distributed.parallelize import LaneLayout, Placement
 from cluster_fl.progress import progress
+
+
+# a lane holds the features of at most this many evaluation utterances at once (~1 GiB of
+# 15 s, 128-bin utterances): the whole MLS test set (19,492) would be ~11 GB a lane
+LOADED_UTTERANCES = 2048
 
 
 def plan_batches(utterances: Sequence[Any], batch_size: int) -> list[list[int]]:
@@ -46,7 +51,8 @@ class ShardedEvaluation:
                  batch_size: int, max_new_tokens: int, bootstrap: int, seed: int, *,
                  decode_cache: str = "auto"):
         self.store, self.utterances, self.layout = store, list(utterances), layout
-        self.batch_size, self.max_new_tokens = batch_size, max_new_tokens
+        self.batch_size, self.max_new_tokens = batch_size, max_new_tokens  # an int or "auto"
+        self.budget = 0  # the limit decoded to: eval.max_new_tokens, or auto's (decode_budget)
         self.decode_cache = decode_cache  # eval.decode_cache: speed only, the same rows
         self.bootstrap, self.seed = bootstrap, seed
 
@@ -57,22 +63,32 @@ class ShardedEvaluation:
 
     def decode(self, model: Any, placement: Placement) -> list[tuple[int, dict]]:
         """(index, row) for every utterance of this lane's batches that has features."""
-        from cluster_fl.eval import score_rows, transcribe
+        from cluster_fl.eval import decode_budget, score_rows, transcribe
 
+        self.budget = self.max_new_tokens if self.max_new_tokens != "auto" else decode_budget(
+            "auto", model.tokenizer, [u.transcript for u in self.utterances])
         batches = self.my_batches()
-        examples = load_examples(self.store, [self.utterances[i] for b in batches for i in b])
         out: list[tuple[int, dict]] = []
         shown = self.layout.lane == 0 and self.layout.leader  # one bar: rank 0's
-        for batch in progress(batches, desc="decoding", unit="batch", enabled=shown):
+        examples: dict[str, Any] = {}
+        per_chunk = max(1, LOADED_UTTERANCES // self.batch_size)
+        for b, batch in enumerate(progress(batches, desc="decoding", unit="batch", enabled=shown)):
+            if b % per_chunk == 0:  # the next chunk's features; the last chunk's let go
+                examples = load_examples(self.store, [self.utterances[i] for c in
+                                                      batches[b:b + per_chunk] for i in c])
             idx = [i for i in batch if self.utterances[i].utterance_id in examples]
             items = [examples[self.utterances[i].utterance_id] for i in idx]
             if not items:
                 continue
+            cut: list[bool] = []
             with placement.compute():
                 hyps = transcribe(model, items, batch_size=len(items),
-                                  max_new_tokens=self.max_new_tokens,
-                                  decode_cache=self.decode_cache, show=False)
-            out.extend(zip(idx, score_rows(items, hyps)))
+                                  max_new_tokens=self.budget,
+                                  decode_cache=self.decode_cache, show=False, cut=cut)
+            rows = score_rows(items, hyps)
+            for row, c in zip(rows, cut):
+                row["cut"] = c  # counted on rank 0, not an eval.parquet column
+            out.extend(zip(idx, rows))
         return out
 
     def run(self, model: Any, placement: Placement, comm: Comm
@@ -87,7 +103,9 @@ class ShardedEvaluation:
             return None, None
         rows = [row for _, row in sorted((pair for part in gathered for pair in part),
                                          key=lambda pair: pair[0])]
-        return summarize(rows, bootstrap=self.bootstrap, seed=self.seed), rows
+        cut = sum(bool(row.pop("cut", False)) for row in rows)
+        return {**summarize(rows, bootstrap=self.bootstrap, seed=self.seed),
+                "hypotheses_cut": cut, "max_new_tokens": self.budget}, rows
 
 
 def wer_text(summary: dict[str, Any]) -> str:
@@ -99,9 +117,17 @@ def wer_text(summary: dict[str, Any]) -> str:
     ci = (f" [{low:.3f}, {high:.3f}]"
           if isinstance(low, float) and isinstance(high, float) and low == low and high == high
           else "")
-    return f"test WER {summary['wer']:.3f}{ci} ({int(summary.get('n_utterances', 0))} utterances)"
+    return (f"test WER {summary['wer']:.3f}{ci} "
+            f"({int(summary.get('n_utterances', 0))} utterances{cut_note(summary)})")
 
 
 def evaluation_line(r: int, rounds: int, summary: dict[str, Any]) -> str:
     """The test WER of round ``r`` alone (the round line carries it with the rest)."""
     return f"round {r}/{rounds}: {wer_text(summary)}"
+
+
+def cut_note(summary: dict[str, Any]) -> str:
+    """``, N cut at T tokens`` when hypotheses hit ``eval.max_new_tokens`` (their WER is
+    inflated by the cut, not by the model), else nothing."""
+    n = int(summary.get("hypotheses_cut") or 0)
+    return f", {n} cut at {summary.get('max_new_tokens')} tokens" if n else ""

@@ -58,10 +58,15 @@ def keep_resident(setting: str, device: torch.device, feature_bytes: int,
 def estimate_feature_bytes(clients: Sequence[Any], n_mels: int) -> int:
     """Bytes of every client's float16 features, from the utterances' durations (metadata only:
     no feature is loaded). ``clients`` are :class:`~cluster_fl.data.mls.Client` or the engine's
-    ``ClientData`` over them (``utterances.client.utterances``)."""
+    ``ClientData`` over them (``utterances.client.utterances``), or over an indexed client
+    (:class:`~cluster_fl.data.store.IndexedClient`, whose index gives its seconds)."""
     total = 0
     for c in clients:
-        utts = getattr(getattr(c.utterances, "client", None), "utterances", c.utterances)
+        client = getattr(c.utterances, "client", c)
+        if hasattr(client, "seconds"):  # an IndexedClient (data/store.py): its index's seconds
+            total += math.ceil(client.seconds * FRAMES_PER_SECOND) * n_mels * 2
+            continue
+        utts = getattr(client, "utterances", c.utterances)
         for u in utts:
             seconds = getattr(u, "duration", None)
             seconds = UNKNOWN_SECONDS if seconds is None else float(seconds)

@@ -140,7 +140,8 @@ class SkippedRows:
         for e in (e for part in parts for e in part):
             uid = str(e.get("utterance_id"))
             if uid not in self.rows:
-                self.rows[uid] = {"utterance_id": uid, "client": self.owner.get(uid, "eval"),
+                client = self.owner.get(uid) or e.get("client", "eval")  # the store tags it
+                self.rows[uid] = {"utterance_id": uid, "client": client,
                                   "shard": e.get("shard"),
                                   "reason": e.get("reason", e.get("error", "unreadable"))}
                 fresh.append(self.rows[uid])

@@ -74,7 +74,9 @@ _PATH_KEYS = {("data", "corpus"), ("data", "feature_cache"), ("model", "checkpoi
 _NEW_AT_DEFAULT = {("model", "dtype"): "float32", ("privacy", "grouping"): "matrix",
                    ("pretrain", "mode"): "joint", ("model", "connector_init"): "checkpoint",
                    ("model", "connector_seed"): None,  # null: the run's seed
-                   ("privacy", "max_epsilon"): None}
+                   ("privacy", "max_epsilon"): None,
+                   ("model", "pad_to_window"): False,  # unpadded: the behaviour before the key
+                   ("data", "public_split"): "public"}
 
 
 def path_names(tree: dict[str, Any]) -> dict[str, Any]:

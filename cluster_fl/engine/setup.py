@@ -57,7 +57,8 @@ class LazyExamples(Sequence):
         self.store, self.client = store, client
 
     def __len__(self) -> int:
-        return len(self.client.utterances)
+        size = getattr(self.client, "size", None)  # an IndexedClient: from the index
+        return len(self.client.utterances) if size is None else size
 
     def __getitem__(self, i):  # pragma: no cover - the runner asks for load() instead
         return self.load()[i]
@@ -195,9 +196,11 @@ def check_extractor(model_cfg: Any) -> None:
 def load_clients(cfg: Config, log: Callable[[str], None] | None = None
                  ) -> tuple[Any, list[ClientData], list]:
     """Feature store, federated clients (lazy features) and the evaluation set's metadata
-    (features are loaded by the lane that decodes them). A requested language the corpus lacks
-    is an error, unless ``data.allow_missing_languages`` (then ``log`` says which)."""
-    from cluster_fl.data import FeatureStore, find_shards, load_utterances, partition_clients
+    (features are loaded by the lane that decodes them). Clients come from the store's indexes
+    (speakers, counts), not from every row's metadata; a client's features are read when it
+    trains. A requested language the corpus lacks is an error naming the languages and splits
+    it has, unless ``data.allow_missing_languages`` (then ``log`` says which)."""
+    from cluster_fl.data import FeatureStore, describe_corpus, find_shards, load_utterances
 
     check_extractor(cfg.model)
     d = cfg.data
@@ -210,15 +213,20 @@ def load_clients(cfg: Config, log: Callable[[str], None] | None = None
                for split in dict.fromkeys([d.client_split, d.eval_split])}
     gaps = "; ".join(f"no {', '.join(langs)} in split {split!r}"
                      for split, langs in missing.items() if langs)
+    absent = [split for split in missing if set(missing[split]) == set(d.languages)]
+    if absent:
+        key = "data.client_split" if absent[0] == d.client_split else "data.eval_split"
+        raise UserError(f"{key}: the corpus at {root} has no split {absent[0]!r} for "
+                        f"{','.join(d.languages)}; {describe_corpus(root)}")
     if gaps and not d.allow_missing_languages:
-        raise UserError(f"data.languages: the corpus at {root} has {gaps}; remove them from "
-                        "data.languages or set data.allow_missing_languages=true")
+        raise UserError(f"data.languages: the corpus at {root} has {gaps} "
+                        f"({describe_corpus(root)}); remove them from data.languages or set "
+                        "data.allow_missing_languages=true")
     if gaps and log is not None:
         log(f"warning: data.languages: {gaps} (data.allow_missing_languages=true)")
     store = FeatureStore.from_config(d)
-    utts = load_utterances(root, languages=list(d.languages), splits=[d.client_split])
-    clients = partition_clients(utts, max_clients=d.max_clients,
-                                max_utterances_per_client=d.max_utterances_per_client)
+    clients = store.clients(d.client_split, d.languages, max_clients=d.max_clients,
+                            max_utterances_per_client=d.max_utterances_per_client)
     if not clients:
         raise UserError(f"data: no clients in split {d.client_split!r} for languages "
                         f"{','.join(d.languages)} under {root}")

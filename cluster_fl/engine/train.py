@@ -474,7 +474,9 @@ def _finish(run: _Attempt, cfg: Config, comm: Comm, folder: Path, log: Log, stop
         write_rows(folder / "final.parquet", [final])
         write_status(folder, "done", last, rounds,
                      **({"reason": budget} if budget is not None else {}))
-        log(f"done: WER {final.get('wer', float('nan')):.4f}, epsilon {final['epsilon']:.3g} "
+        from cluster_fl.engine.evaluation import cut_note  # hypotheses cut by the limit
+        log(f"done: WER {final.get('wer', float('nan')):.4f}{cut_note(final)}, "
+            f"epsilon {final['epsilon']:.3g} "
             f"[{world.ledger.to_json()['guarantee']}] -> {folder}")
         run.watch.final(last, final, log, run.oplog)  # exact timings: screen and operator log
         flatten_times(folder)

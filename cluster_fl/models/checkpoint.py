@@ -108,6 +108,17 @@ def connector_seed(model_cfg: ModelConfig, run_seed: int | None) -> int:
 def build_model(model_cfg: ModelConfig, tokenizer: Tokenizer | None = None, *,
                 meta: bool = False, weights: Any = None,
                 depth: tuple[int, int] | None = None, run_seed: int | None = None) -> SpeechLLM:
+    """The model a run trains (:func:`_build_model`), its encoder input padded to the encoder's
+    window or not as ``model.pad_to_window`` says (:meth:`SpeechLLM.encode`)."""
+    model = _build_model(model_cfg, tokenizer, meta=meta, weights=weights, depth=depth,
+                         run_seed=run_seed)
+    model.pad_to_window = bool(getattr(model_cfg, "pad_to_window", False))
+    return model
+
+
+def _build_model(model_cfg: ModelConfig, tokenizer: Tokenizer | None = None, *,
+                 meta: bool = False, weights: Any = None,
+                 depth: tuple[int, int] | None = None, run_seed: int | None = None) -> SpeechLLM:
     """The model a run trains: base (``model.checkpoint`` when given) plus LoRA from the config.
 
     A checkpoint that already carries LoRA (a federated checkpoint) must match the config's

@@ -49,9 +49,11 @@ def resolve_decode_cache(mode: str, device: torch.device | str) -> str:
 
 @torch.no_grad()
 def greedy_decode(model: SpeechLLM, batch: Batch | Mapping[str, Any],
-                  max_new_tokens: int = 64, cache: str = "auto") -> list[str]:
+                  max_new_tokens: int = 64, cache: str = "auto",
+                  cut: list[bool] | None = None) -> list[str]:
     """Batched greedy transcription with a KV cache (``cache``: ``auto``, ``static`` or
-    ``dynamic``, see the module docstring); prefixes are left-padded."""
+    ``dynamic``, see the module docstring); prefixes are left-padded. ``cut``, when given, gets
+    one flag per row: True when the row reached ``max_new_tokens`` without its end."""
     batch = as_batch(batch)
     mode = resolve_decode_cache(cache, model.device)
     was_training = model.training
@@ -65,8 +67,10 @@ def greedy_decode(model: SpeechLLM, batch: Batch | Mapping[str, Any],
             model.train()
     tok, texts = model.tokenizer, []
     for row in tokens.tolist():
-        cut = row.index(tok.eos_id) if tok.eos_id in row else len(row)
-        texts.append(tok.decode(row[:cut]))
+        end = row.index(tok.eos_id) if tok.eos_id in row else len(row)
+        texts.append(tok.decode(row[:end]))
+        if cut is not None:
+            cut.append(end == len(row))
     return texts
 
 

@@ -240,6 +240,7 @@ class SpeechLLM(nn.Module):
         self.decoder = decoder
         self.ctc_head = ctc_head
         self.tokenizer = tokenizer
+        self.pad_to_window = False  # model.pad_to_window: see encode()
 
     def reset_positions(self) -> None:
         """Write sinusoidal encoder positions (random-init tiny models) and keep them frozen."""
@@ -275,6 +276,8 @@ class SpeechLLM(nn.Module):
             features, lengths = features[..., :max_frames], lengths.clamp(max=max_frames)
             masks = None
         masks = masks or self.encoder_masks(lengths, features.shape[-1])
+        if self.pad_to_window:
+            return self._encode_window(features, masks, max_frames), masks.out_len
         # Zero the padding before each convolution: a padded utterance then sees the same zeros
         # at its end as it would alone, whatever value the collator padded with.
         x = nn.functional.gelu(enc.conv1(features * masks.frames.to(features.dtype)))
@@ -286,6 +289,27 @@ class SpeechLLM(nn.Module):
         for layer in enc.layers:
             x = layer(x, attention_mask=mask)
         return enc.layer_norm(x), masks.out_len
+
+    def _encode_window(self, features: torch.Tensor, masks: EncoderMasks,
+                       max_frames: int) -> torch.Tensor:
+        """``model.pad_to_window``: each utterance padded to the encoder's whole window with its
+        own silence level (its lowest log-mel value: Whisper's clamp floor, what its extractor's
+        zero padding becomes) and encoded over the whole window without a mask -- what Hugging
+        Face's ``WhisperEncoder.forward`` computes on 30 s input. Returns the states of the
+        batch's own frames ``(B, T', d)``; the valid lengths are the utterances' own."""
+        enc = self.encoder
+        keep = masks.frames > 0  # (B, 1, T)
+        floor = torch.where(keep, features, torch.full_like(features, float("inf"))
+                            ).amin(dim=(1, 2), keepdim=True)
+        x = torch.where(keep, features, floor)
+        x = torch.cat([x, floor.expand(-1, x.shape[1], max_frames - x.shape[-1])], dim=-1)
+        x = nn.functional.gelu(enc.conv1(x))
+        x = nn.functional.gelu(enc.conv2(x)).permute(0, 2, 1)
+        x = x + enc.embed_positions.weight.to(x.dtype)
+        x = nn.functional.dropout(x, p=enc.dropout, training=self.training)
+        for layer in enc.layers:
+            x = layer(x, attention_mask=None)
+        return enc.layer_norm(x)[:, :masks.attention.shape[-1]]
 
     def audio_embeddings(self, features: torch.Tensor, lengths: torch.Tensor,
                          masks: EncoderMasks | None = None

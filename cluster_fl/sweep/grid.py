@@ -240,6 +240,8 @@ def submit(grid: Grid, specs: Sequence[RunSpec], cluster: str, train_fn: TrainFn
     else:
         units = [([s], GridTask(to_dict(s.config), train_fn)) for s in specs]
     executor = make_executor(grid, cluster)
+    if cluster == "slurm":  # features first, on CPUs, when a store is not full (issue 47)
+        _after_features(grid, specs, executor)
     for spec in specs:  # the engine owns the folder; create it so logs have a home early
         run_folder(spec.config).parent.mkdir(parents=True, exist_ok=True)
     wave = grid.resources.array_parallelism if cluster == "local" else len(units)
@@ -275,6 +277,25 @@ def link_logs(grid: Grid, units: Sequence[tuple[Sequence[RunSpec], Any]], jobs: 
                 if link.is_symlink() or link.exists():
                     link.unlink()
                 link.symlink_to(Path(target).name)  # relative: the folder can move
+
+
+def _after_features(grid: Grid, specs: Sequence[RunSpec], executor: Any) -> None:
+    """Submit the features array job when the runs' store is not full and make the training
+    array wait for it (:mod:`cluster_fl.sweep.features_job`)."""
+    from cluster_fl.sweep.features_job import submit_features
+
+    def make(params: dict[str, Any]) -> Any:
+        features = submitit.AutoExecutor(folder=grid.root / ".grid" / "logs",  # as the runs
+                                         cluster="slurm")
+        features.update_parameters(**params)
+        return features
+
+    job = submit_features(grid, specs, make)
+    if job is not None:
+        extra = dict(executor_parameters(grid, "slurm")["slurm_additional_parameters"])
+        executor.update_parameters(slurm_additional_parameters={**extra,
+                                                                 "dependency": f"afterok:{job}"})
+        print(f"features: job {job} fills the store first; the runs wait for it", flush=True)
 
 
 def wait_for_runs(grid: Grid, specs: Sequence[RunSpec], jobs: Sequence[Any], cluster: str,

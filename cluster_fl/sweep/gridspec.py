@@ -18,8 +18,10 @@ from typing import Any, Mapping
 import yaml
 
 from cluster_fl.config import SECTIONS, Config, ConfigError, load_config, override, yaml_load
+from cluster_fl.sweep.features_job import FeaturesResources, features_resources
 
-GRID_KEYS = {"experiment", "out", "base", "set", "axes", "exclude", "seeds", "resources"}
+GRID_KEYS = {"experiment", "out", "base", "set", "axes", "exclude", "seeds", "resources",
+             "features"}
 RESOURCE_KEYS = {
     "nodes", "tasks_per_node", "gpus_per_task", "cpus_per_task", "mem_gb", "time_min",
     "partition", "account", "qos", "constraint", "array_parallelism", "signal_delay_s", "setup",
@@ -102,6 +104,8 @@ class Grid:
     exclude: tuple[Mapping[str, str], ...]
     seeds: tuple[int, ...]
     resources: Resources = field(default_factory=Resources)
+    features: FeaturesResources = field(default_factory=FeaturesResources)
+    """The features array job's CPU resources (``features`` section; sweep/features_job.py)."""
 
     @property
     def root(self) -> Path:
@@ -200,6 +204,7 @@ def load_grid(path: str | Path, out: str | None = None) -> Grid:
         exclude=tuple(dict(e) for e in raw.get("exclude") or ()),
         seeds=tuple(seeds),
         resources=Resources(**{k: v for k, v in res_raw.items() if v is not None}),
+        features=features_resources(raw.get("features")),
     )
 
 

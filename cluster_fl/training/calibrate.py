@@ -54,7 +54,7 @@ from cluster_fl.groups import GroupSpec, clipping_units
 HEADROOM = 2.0
 ALPHA_MIN, ALPHA_MAX = 0.005, 0.5
 HEAVY_RATIO, MILD_RATIO = 5.0, 2.0
-PUBLIC_SPLIT = "public"
+PUBLIC_SPLIT = "public"  # the embedded corpus's; a config names its own (data.public_split)
 
 
 # ---- the probe ---------------------------------------------------------------------------
@@ -94,11 +94,11 @@ def probe_norms(cfg: Config, speakers: int = 8, rounds: int = 1) -> dict[str, An
     if not os.path.isdir(root):
         raise UserError(f"data.corpus: no corpus at {root} (build one with `cluster-fl "
                         "make-corpus DIR` or point data.corpus at an MLS folder)")
-    utts = load_utterances(root, languages=list(d.languages), splits=[PUBLIC_SPLIT])
+    utts = load_utterances(root, languages=list(d.languages), splits=[d.public_split])
     pseudo = partition_clients(utts, max_clients=speakers,
                                max_utterances_per_client=d.max_utterances_per_client)
     if not pseudo:
-        raise UserError(f"data: no speakers in split {PUBLIC_SPLIT!r} for languages "
+        raise UserError(f"data: no speakers in split {d.public_split!r} for languages "
                         f"{','.join(d.languages)} under {root}; the probe uses public data only")
     store = FeatureStore.from_config(cfg.data)  # resolved at the entrance: the model's mel bins
     if cfg.run.threads:
@@ -135,7 +135,8 @@ def probe_norms(cfg: Config, speakers: int = 8, rounds: int = 1) -> dict[str, An
     if not any(cl["finite"] for cl in clients):
         raise UserError("calibrate: every probe update was non-finite (or had no data); lower "
                         "fl.lr or set client.max_grad_norm")
-    return {"groups": groups, "norms": norms, "clients": clients, "rounds": rounds}
+    return {"groups": groups, "norms": norms, "clients": clients, "rounds": rounds,
+            "split": d.public_split}
 
 
 # ---- from norms to a recommendation ------------------------------------------------------
@@ -263,7 +264,7 @@ def summarise(probe: dict[str, Any], privacy: Any) -> dict[str, Any]:
     return {"groups": table, "grouping": privacy.grouping, "units": units,
             "components": components, "ratio": ratio, "recommendation": rec,
             "method": method, "advice": text, "warnings": warnings,
-            "probe": {"split": PUBLIC_SPLIT, "rounds": probe["rounds"],
+            "probe": {"split": probe.get("split", PUBLIC_SPLIT), "rounds": probe["rounds"],
                       "clients": probe["clients"],
                       "n_nonfinite": sum(not c["finite"] for c in probe["clients"])}}
 

@@ -227,7 +227,7 @@ def _load_public(cfg: Config) -> list[Any]:
     from cluster_fl.data import FeatureStore  # the data package owns corpus reading and features
 
     store = FeatureStore.from_config(cfg.data)  # resolved at the entrance: the model's mel bins
-    examples = store.split("public", languages=list(cfg.data.languages))
+    examples = store.split(cfg.data.public_split, languages=list(cfg.data.languages))
     if not examples:
         raise UserError(f"pretrain: no public utterances under {cfg.data.corpus}; "
                         "run `cluster-fl make-corpus` first")

@@ -94,12 +94,16 @@ def test_secure_run_ids_say_so_and_research_ids_do_not_move():
     assert "_ssecure_" in secure
     # pinned (computed before this change): results/ folders and grids rely on ids. Moved once,
     # on 2026-12-05: the default corpus became corpus-v3 and paths enter ids by their last name
-    # (with the base dtype of those runs: the default became `auto`, bf16 on AMX CPUs)
-    assert run_id(resolved_config(None, ["model.dtype=float32"])) == \
+    # (with the base dtype of those runs: the default became `auto`, bf16 on AMX CPUs; and
+    # with their decoding limit: the default became `auto`, which decodes differently --
+    # the study's grids set 96 through demo.yaml, so their ids stand)
+    old = ["model.dtype=float32", "eval.max_new_tokens=64"]
+    assert run_id(resolved_config(None, old)) == \
         "whisper-tinyllama-tiny_unfrozen_alpha-split_s0_6c0e30c8"
     assert run_id(resolved_config(None, ["privacy.clipping=flat", "fl.lr=1e-3", "privacy.delta=1e-5",
-                                     "data.languages=[en,de]", "model.dtype=float32"])
+                                         "data.languages=[en,de]", *old])
                   ) == "whisper-tinyllama-tiny_unfrozen_flat_s0_c7b22315"
+    assert run_id(load_config(None, old[:1])) != run_id(load_config(None, old))
 
 
 def test_missing_language_opt_out_is_a_bookkeeping_key():

@@ -27,23 +27,23 @@ def test_log_mel_matches_whisper_feature_extractor(tiny_corpus):
 def test_cache_hit_returns_the_same_tensor_without_recomputing(tiny_corpus, tmp_path):
     store = FeatureStore(tiny_corpus, tmp_path)
     first = store.split("test")
-    assert store.computed_shards == 3 and len(first) == 3 * 6
+    assert store.computed_parts == 3 and len(first) == 3 * 6
     fresh = FeatureStore(tiny_corpus, tmp_path)  # a new process would see only the disk
     fresh_calls = []
-    import cluster_fl.data.features as features
-    real = features.log_mel
-    features.log_mel = lambda *a, **k: fresh_calls.append(1) or real(*a, **k)
+    import cluster_fl.data.store as store_module
+    real = store_module.log_mel
+    store_module.log_mel = lambda *a, **k: fresh_calls.append(1) or real(*a, **k)
     try:
         second = fresh.split("test")
     finally:
-        features.log_mel = real
-    assert fresh.computed_shards == 0 and fresh_calls == []
+        store_module.log_mel = real
+    assert fresh.computed_parts == 0 and fresh_calls == []
     assert [e.utterance_id for e in second] == [e.utterance_id for e in first]
     for a, b in zip(first, second):
         assert torch.equal(a.features, b.features) and a.features.dtype == torch.float16
     other = FeatureStore(tiny_corpus, tmp_path, n_mels=40)  # other params: other cache key
     assert other.split("test", languages=["en"])[0].features.shape[0] == 40
-    assert other.computed_shards == 1
+    assert other.computed_parts == 1
 
 
 def test_client_examples_carry_labels_and_features_grow_with_audio(tiny_corpus, tmp_path):

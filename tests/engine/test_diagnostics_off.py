@@ -76,7 +76,7 @@ def test_on_and_off_read_from_yaml_and_the_default_run_id_is_unchanged():
     # the id of the default config, as before privacy.diagnostics learned `off` (with the base
     # dtype of those runs: the default became `auto`, which computes in bf16 on AMX CPUs)
     expected = "whisper-tinyllama-tiny_unfrozen_alpha-split_s0_6c0e30c8"
-    fp32 = ["model.dtype=float32"]
+    fp32 = ["model.dtype=float32", "eval.max_new_tokens=64"]  # and their decoding limit
     assert run_id(resolved_config(None, fp32)) == run_id(resolved_config(None, ["privacy.diagnostics=on",
                                                                         *fp32])) == expected
     assert run_id(resolved_config(None)) == run_id(on)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cluster_fl.distributed.parallelize import LaneLayout
-from cluster_fl.engine.evaluation import ShardedEvaluation, plan_batches
+from cluster_fl.engine.evaluation import ShardedEvaluation, evaluation_line, plan_batches
 
 
 @dataclass
@@ -72,12 +72,17 @@ def test_rank_0_puts_the_gathered_rows_back_in_the_evaluation_sets_order(monkeyp
     # interleaved; rank 0 sorts them by position in the set (a 1-rank vs 2-rank comparison alone
     # cannot see a wrong order: both sides would carry it)
     ev = ShardedEvaluation(None, _utts(10), LaneLayout(1, 1, 0), 4, 8, 0, 0)
-    mine = [(i, _row(i)) for i in (7, 2, 9)]
-    other = [(i, _row(i)) for i in (5, 0, 3, 1)]
+    mine = [(i, {**_row(i), "cut": i == 9}) for i in (7, 2, 9)]
+    other = [(i, {**_row(i), "cut": i in (0, 3)}) for i in (5, 0, 3, 1)]
     monkeypatch.setattr(ev, "decode", lambda model, placement: mine)
+    ev.budget = 8
     summary, rows = ev.run(None, None, _GatherComm([None, other]))
     assert [r["utt_id"] for r in rows] == [f"u{i}" for i in (0, 1, 2, 3, 5, 7, 9)]
     assert summary["n_utterances"] == 7
+    # hypotheses cut by eval.max_new_tokens: counted beside the WER, not an eval.parquet column
+    assert summary["hypotheses_cut"] == 3 and summary["max_new_tokens"] == 8
+    assert all("cut" not in r for r in rows)
+    assert evaluation_line(1, 2, summary).endswith("(7 utterances, 3 cut at 8 tokens)")
 
 
 def test_a_runs_evaluation_decodes_with_its_configured_cache(tiny_corpus, tmp_path,
@@ -95,11 +100,43 @@ def test_a_runs_evaluation_decodes_with_its_configured_cache(tiny_corpus, tmp_pa
     torch.set_num_threads(1)
     real, caches = ev.greedy_decode, []
 
-    def spy(model, batch, n, cache):
+    def spy(model, batch, n, cache, cut=None):
         caches.append(cache)
-        return real(model, batch, n, cache=cache)
+        return real(model, batch, n, cache=cache, cut=cut)
     monkeypatch.setattr(ev, "greedy_decode", spy)
     cfg = tiny_config(tiny_corpus, tmp_path, "eval.max_utterances=2", "eval.decode_cache=dynamic")
     world = setup.build_world(cfg, LocalComm(), lambda m: None)
     summary, rows = world.evaluate(world.initial_state)
     assert len(rows) == 2 and caches == ["dynamic", "dynamic"]  # eval.batch_size=1
+
+
+def test_a_lane_holds_one_chunk_of_features_at_a_time_and_decodes_the_same(monkeypatch):
+    import cluster_fl.engine.evaluation as evaluation
+    import cluster_fl.eval as eval_pkg
+
+    utts = _utts(10)
+    loads: list[int] = []
+
+    def fake_load(store, group):
+        loads.append(len(group))
+        return {u.utterance_id: {"features": None, "u": u} for u in group}
+
+    monkeypatch.setattr(evaluation, "load_examples", fake_load)
+    monkeypatch.setattr(eval_pkg, "transcribe", lambda model, items, **k: (
+        k["cut"].extend([False] * len(items)) or [it["u"].transcript for it in items]))
+    monkeypatch.setattr(eval_pkg, "score_rows", lambda items, hyps: [
+        {"utt_id": it["u"].utterance_id, "hyp": h} for it, h in zip(items, hyps)])
+
+    class Placement:
+        def compute(self):
+            import contextlib
+            return contextlib.nullcontext()
+
+    whole = ShardedEvaluation(None, utts, LaneLayout(1, 1, 0), 2, 8, 0, 0).decode(None,
+                                                                                   Placement())
+    assert loads == [10]
+    loads.clear()
+    monkeypatch.setattr(evaluation, "LOADED_UTTERANCES", 4)  # two batches of 2 a chunk
+    chunked = ShardedEvaluation(None, utts, LaneLayout(1, 1, 0), 2, 8, 0, 0).decode(None,
+                                                                                     Placement())
+    assert loads == [4, 4, 2] and chunked == whole

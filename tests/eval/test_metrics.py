@@ -86,14 +86,16 @@ def test_evaluate_rows_follow_the_eval_parquet_layout(monkeypatch):
     answers = {"one two": "one two", "three": "tree", "four five": "Four"}
     caches = []
 
-    def parrot(model, batch, n, cache):
+    def parrot(model, batch, n, cache, cut=None):
         caches.append(cache)
+        cut.extend(t == "four five" for t in batch.texts)  # as if cut at the limit
         return [answers[t] for t in batch.texts]
     monkeypatch.setattr(ev, "greedy_decode", parrot)
     summary, rows = evaluate(_Parrot(), utts, batch_size=2, bootstrap=100, seed=0)
     assert [tuple(r) for r in rows] == [EVAL_COLUMNS] * 3
     assert [r["hyp"] for r in rows] == ["one two", "tree", "four"]  # input order, normalised
     assert summary["wer"] == pytest.approx(2 / 5)
+    assert summary["hypotheses_cut"] == 1 and summary["max_new_tokens"] == 64
     assert caches == ["auto", "auto"]
     evaluate(_Parrot(), utts, batch_size=2, bootstrap=0, decode_cache="dynamic")
     assert caches[2:] == ["dynamic", "dynamic"]  # eval.decode_cache reaches the decoder
@@ -112,3 +114,36 @@ def test_evaluate_a_tiny_model_end_to_end():
     assert summary["wer"] == pytest.approx(jiwer.wer([r["ref"] for r in rows],
                                                      [r["hyp"] for r in rows]))
     assert summary == evaluate(model, utts, 3, 5, 50, 1)[0]  # batching does not matter
+
+
+def test_auto_decoding_budget_is_the_longest_reference_plus_a_margin():
+    from cluster_fl.eval import decode_budget
+    from cluster_fl.models.tokenizer import CharTokenizer
+
+    tok = CharTokenizer()
+    refs = ["ab", "ein langer deutscher satz " * 4, "kurz"]
+    longest = len(tok.encode(refs[1].strip()))
+    assert decode_budget("auto", tok, refs) == longest + -(-longest // 4)
+    assert decode_budget("auto", tok, ["ab"]) == 2 + 8  # at least 8 tokens of margin
+    assert decode_budget(17, tok, refs) == 17  # a number is the limit as given
+
+
+def test_a_cut_hypothesis_is_flagged_by_the_decoder(monkeypatch):
+    from cluster_fl.config import ModelConfig
+    from cluster_fl.models import build_model, decoding
+    from cluster_fl.models.speech_llm import collate
+
+    torch.manual_seed(0)
+    model = build_model(ModelConfig()).eval()
+    tok = model.tokenizer
+    a, b = tok.encode("ab")
+    eos = tok.eos_id
+    # what either cache hands back: a row that ended (eos, then eos after its stop), one that
+    # ended on the last slot, one that ran out of slots
+    tokens = torch.tensor([[a, b, eos, eos], [a, b, a, eos], [a, b, a, b]])
+    batch = collate([torch.randn(80, 40) for _ in range(3)], ["x"] * 3, ["de"] * 3)
+    for cache, name in (("static", "_decode_static"), ("dynamic", "_decode_dynamic")):
+        monkeypatch.setattr(decoding, name, lambda model, emb, attn, n: tokens)
+        cut: list[bool] = []
+        texts = decoding.greedy_decode(model, batch, 4, cache=cache, cut=cut)
+        assert texts == ["ab", "aba", "abab"] and cut == [False, False, True]

@@ -36,7 +36,8 @@ ROOT = Path(__file__).resolve().parents[2]
 ARCH_FILES = sorted((ROOT / "configs" / "arch").glob("*.yaml"))
 GRID_FILES = sorted((ROOT / "configs" / "grids").glob("*.yaml"))
 DEPTH = (1, 1)  # encoder layers, decoder layers
-SHAPE_KEYS = ("arch", "freeze_encoder", "lora_rank", "dtype", "activation_checkpointing")
+SHAPE_KEYS = ("arch", "freeze_encoder", "lora_rank", "dtype", "activation_checkpointing",
+              "pad_to_window")
 TIMES: dict[str, float] = {}
 
 
@@ -178,3 +179,5 @@ def test_the_smoke_keys_see_what_changes_shapes():
         base, model=dataclasses.replace(base.model, freeze_encoder=True)))) != a
     assert shape_key(resolve_shapes(dataclasses.replace(
         base, privacy=dataclasses.replace(base.privacy, clipping="flat")))) == a
+    assert shape_key(resolve_shapes(dataclasses.replace(
+        base, model=dataclasses.replace(base.model, pad_to_window=True)))) != a

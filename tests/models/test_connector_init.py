@@ -101,7 +101,7 @@ def test_the_default_leaves_run_ids_alone():
     default = resolved_config(None)
     assert default.model.connector_init == "checkpoint"
     # the id runs had before connector_init existed (their base dtype, float32, pinned)
-    old = resolved_config(None, ["model.dtype=float32"])
+    old = resolved_config(None, ["model.dtype=float32", "eval.max_new_tokens=64"])  # and limit
     assert run_id(old) == "whisper-tinyllama-tiny_unfrozen_alpha-split_s0_6c0e30c8"
     fresh = resolved_config(None, ["model.checkpoint=/x", "model.connector_init=fresh"])
     assert run_id(fresh) != run_id(resolved_config(None, ["model.checkpoint=/x"]))

@@ -262,7 +262,8 @@ def test_unknown_grouping_is_a_clear_config_error():
 def test_the_run_id_is_unchanged_at_the_default_grouping(monkeypatch):
     from cluster_fl.engine import rundir
 
-    default = resolved_config(None, ["model.dtype=float32"])  # the base dtype of those runs
+    default = resolved_config(None, ["model.dtype=float32",  # the base dtype of those runs
+                                     "eval.max_new_tokens=64"])  # and their decoding limit
     assert default.privacy.grouping == "matrix"
     before = rundir.run_id(default)
     # the id of the default config, as before privacy.grouping existed (tests/engine too)

@@ -232,3 +232,19 @@ def test_layer_grouping_of_the_study_asks_for_alpha_about_0_02():
                         PrivacyConfig(clip_norm=1.0, grouping="layer"))
     assert rec["alpha"] == pytest.approx(3 * (2 * 0.0415) ** 2, rel=1e-9)
     assert rec["alpha"] == pytest.approx(0.0207, abs=5e-5)
+
+
+def test_the_probe_reads_the_configured_public_split_of_a_real_mls_layout(tmp_path):
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from mls_layouts import write_openslr
+
+    corpus = write_openslr(tmp_path / "mls", "german",
+                           {"train": {"1844": 4}, "dev": {"3001": 4, "3002": 4}})
+    cfg = load_config(ARCH, [f"data.corpus={corpus}", "data.languages=[de]", "run.device=cpu",
+                             "run.threads=1", "fl.batch_size=2", "fl.max_local_steps=2",
+                             "data.public_split=dev"])
+    r = cal.calibrate(cfg, speakers=2)
+    assert r["probe"]["split"] == "dev"
+    assert sorted(c["client_id"] for c in r["probe"]["clients"]) == ["de/3001", "de/3002"]
