@@ -64,6 +64,13 @@ class ModelConfig:
     for a secure-mode run), so the seeds of a study start from different connectors and its
     round-0 differs per seed (every method of one seed shares it); an integer pins one init for
     every seed. Unused (``null``) with ``connector_init: checkpoint``."""
+    init: str = "auto"
+    """Where the base's weights come from -- random init is a decision, never an accident.
+    ``auto``: the checkpoints the config names; a real architecture then requires them
+    (``encoder_path`` / ``decoder_path``), a tiny one without ``model.checkpoint`` starts from
+    random weights and the run says so at its start. ``random``: random weights on purpose, also
+    for a real architecture (built at its registry widths; no checkpoint may be named).
+    ``pretrained``: refuse to start without a checkpoint, tiny architectures included."""
     encoder_path: str | None = None
     """Local path / HF-cache name of the real audio encoder (``from_pretrained``; never downloads)."""
     decoder_path: str | None = None
@@ -99,6 +106,11 @@ class ModelConfig:
         _check(self.compile in (True, False, "auto"), "model.compile",
                f"got {self.compile!r}; allowed: true, false, auto")
         _in(self.connector_init, ("checkpoint", "fresh"), "model.connector_init")
+        _in(self.init, ("auto", "pretrained", "random"), "model.init")
+        named = [k for k in ("checkpoint", "encoder_path", "decoder_path") if getattr(self, k)]
+        _check(self.init != "random" or not named, "model.init",
+               f"random builds the base from random weights, yet model.{named[0] if named else ''}"
+               " names a checkpoint; drop one of them")
         _check(self.connector_init == "checkpoint" or self.checkpoint is not None,
                "model.connector_init", "fresh re-initialises the connector of model.checkpoint; "
                "set model.checkpoint (without one every weight is fresh already)")

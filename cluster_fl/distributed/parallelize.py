@@ -286,11 +286,10 @@ def load_shards(model: SpeechModel, device: torch.device) -> None:
                 local = p.to_local()
                 shape, offset = compute_local_shape_and_global_offset(p.shape, p.device_mesh,
                                                                       p.placements)
-                if local.numel():
-                    rows = model.weights.read(name, offset[0], offset[0] + shape[0])
-                    local.copy_(rows.to(device=device, dtype=local.dtype))
+                if local.numel():  # this rank's rows, straight into its shard
+                    model.weights.read_into(name, local, offset[0])
             else:
-                p.copy_(model.weights.read(name).to(device=device, dtype=p.dtype))
+                model.weights.read_into(name, p)
     model.weights.rebuild_buffers(model, device)
 
 
@@ -316,8 +315,8 @@ def parallelize(model: SpeechModel, model_cfg: Any, device: torch.device,
     dtype = resolve_dtype(model_cfg.dtype, device.type, compiled)
     apply_dtype(model, dtype)
     if shard == "none":
-        if any(p.is_meta for p in model.parameters()):  # a skeleton, unsharded: read it whole
-            model.weights.materialise(model, device)
+        if any(p.is_meta for p in model.parameters()):  # a skeleton, unsharded: read it whole,
+            model.weights.materialise(model, device)     # each tensor once, on the device
         model.to(device)
     if model_cfg.activation_checkpointing:
         apply_activation_checkpointing(model)

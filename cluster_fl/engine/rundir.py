@@ -66,7 +66,8 @@ _PATH_KEYS = {("data", "corpus"), ("data", "feature_cache"), ("model", "checkpoi
 # keys added after runs existed: left out of the id at their default, so old ids stay valid
 _NEW_AT_DEFAULT = {("model", "dtype"): "float32", ("privacy", "grouping"): "matrix",
                    ("pretrain", "mode"): "joint", ("model", "connector_init"): "checkpoint",
-                   ("model", "connector_seed"): None}  # null: the run's seed (issue 27)
+                   ("model", "connector_seed"): None,  # null: the run's seed (issue 27)
+                   ("model", "init"): "auto"}  # issue 48
 
 
 def path_names(tree: dict[str, Any]) -> dict[str, Any]:

@@ -17,7 +17,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 
-from hf_checkpoints import save_voxtral, save_whisper_llama  # noqa: E402
+from hf_checkpoints import from_pretrained_model, save_voxtral, save_whisper_llama  # noqa: E402
 
 from cluster_fl.config import ModelConfig  # noqa: E402
 from cluster_fl.distributed import spawn  # noqa: E402
@@ -50,10 +50,14 @@ def test_a_skeleton_read_whole_is_the_from_pretrained_model(checkpoints, arch):
     from cluster_fl.models import build_model
 
     cfg = _cfg(checkpoints, arch, dtype="bfloat16")
-    torch.manual_seed(3)
-    model = build_model(cfg)
+    model = from_pretrained_model(cfg, seed=3)  # Hugging Face's own loader: the reference
     parallelize(model, cfg, torch.device("cpu"))  # the dtype policy: base bf16, trainable fp32
     whole = _state(model)
+    torch.manual_seed(3)
+    host = build_model(cfg)  # read onto the host by the lean loader
+    parallelize(host, cfg, torch.device("cpu"))
+    on_host = _state(host)
+    assert [k for k in whole if not torch.equal(whole[k], on_host[k])] == []
     torch.manual_seed(3)
     skeleton = build_model(cfg, meta=True)
     frozen = [n for n, p in skeleton.named_parameters() if not p.requires_grad]
@@ -76,14 +80,18 @@ def lane_worker(comm, root: Path, arch: str, shard: str) -> dict:
     from cluster_fl.models.weights import CheckpointWeights
 
     reads: dict[str, int] = {}
-    original = CheckpointWeights.read
+    original, original_into = CheckpointWeights.read, CheckpointWeights.read_into
 
     def read(self, name, start=None, stop=None):
         out = original(self, name, start, stop)
         reads[name] = reads.get(name, 0) + (out.shape[0] if out.dim() else 1)
         return out
 
-    CheckpointWeights.read = read
+    def read_into(self, name, out, start=0):
+        original_into(self, name, out, start)
+        reads[name] = reads.get(name, 0) + (out.shape[0] if out.dim() else 1)
+
+    CheckpointWeights.read, CheckpointWeights.read_into = read, read_into
     g = comm.world_size
     cfg = _cfg(root, arch, shard=shard, shard_group_size=g)
     torch.manual_seed(3)
@@ -119,11 +127,9 @@ def _shards(shard: str):
 def test_a_lane_of_two_loads_only_its_shards_and_equals_a_whole_build(checkpoints, arch, shard):
     _shards(shard)
     from cluster_fl.distributed.parallelize import LaneLayout, parallelize
-    from cluster_fl.models import build_model
 
     cfg = _cfg(checkpoints, arch)
-    torch.manual_seed(3)
-    whole = build_model(cfg)
+    whole = from_pretrained_model(cfg, seed=3)
     parallelize(whole, cfg, torch.device("cpu"), LaneLayout(1, 1, 0))
     want = _state(whole)
     sizes = {n: p.shape[0] for n, p in whole.named_parameters() if not p.requires_grad}
