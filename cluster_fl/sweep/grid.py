@@ -295,7 +295,7 @@ def submit(grid: Grid, specs: Sequence[RunSpec], cluster: str, train_fn: TrainFn
     for start in range(0, len(units), wave):
         chunk_units = units[start:start + wave]
         chunk_specs = [spec for group, _ in chunk_units for spec in group]
-        chunk = executor.submit_array([task for _, task in chunk_units])
+        chunk = _submit_array(executor, [task for _, task in chunk_units], cluster)
         write_registry(grid, {
             spec.run_id: {"cluster": cluster, "job_id": str(job.job_id), "host": socket.gethostname(),
                           "submitted": time.strftime("%Y-%m-%dT%H:%M:%S")}
@@ -306,6 +306,20 @@ def submit(grid: Grid, specs: Sequence[RunSpec], cluster: str, train_fn: TrainFn
         if wait or cluster == "debug" or (cluster == "local" and more):
             failed.update(wait_for_runs(grid, chunk_specs, chunk, cluster, poll_s))
     return jobs, failed
+
+
+def _submit_array(executor: Any, tasks: list[Any], cluster: str) -> list[Any]:
+    """``executor.submit_array``, a refusal (sbatch's error, a scheduler that went away) as one
+    line naming the cluster instead of submitit's traceback."""
+    try:
+        return executor.submit_array(tasks)
+    except (submitit.core.utils.FailedJobError, subprocess.CalledProcessError, OSError,
+            RuntimeError) as exc:
+        text = str(getattr(exc, "stderr", None) or exc)
+        lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+        reason = next((ln for ln in lines if "error" in ln.lower()), lines[0] if lines else
+                      type(exc).__name__)
+        raise UserError(f"--cluster {cluster}: the submission failed: {reason}") from None
 
 
 def wait_for_runs(grid: Grid, specs: Sequence[RunSpec], jobs: Sequence[Any], cluster: str,
