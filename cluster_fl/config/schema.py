@@ -94,8 +94,8 @@ class ModelConfig:
     activation_checkpointing: bool = False
     """Recompute each encoder/decoder layer's activations in the backward pass (less memory)."""
     shard: str = "none"
-    """Sharding of the frozen base inside a client lane: ``none``, ``fsdp2`` or ``deepspeed``
-    (ZeRO-3, needs the ``deepspeed`` extra)."""
+    """Sharding of the frozen base inside a client lane: ``none`` or ``fsdp2`` (DeepSpeed ZeRO-3
+    was removed in favour of FSDP2; ARCHITECTURE.md says why)."""
     shard_group_size: int = 1
     """G: ranks per client lane. The world splits into world/G lanes; the ranks of a lane train one
     client at a time together with the base sharded over them (G > 1 needs ``shard``)."""
@@ -118,11 +118,11 @@ class ModelConfig:
             object.__setattr__(self, "connector_seed", None)
         if self.connector_seed is not None:
             _range(self.connector_seed, "model.connector_seed", 0, None, integer=True)
-        _in(self.shard, ("none", "fsdp2", "deepspeed"), "model.shard")
+        _in(self.shard, ("none", "fsdp2"), "model.shard")
         _range(self.shard_group_size, "model.shard_group_size", 1, 4096, integer=True)
         _check(self.shard_group_size == 1 or self.shard != "none", "model.shard_group_size",
                f"got {self.shard_group_size}; a lane of several ranks needs model.shard "
-               "fsdp2 or deepspeed")
+               "fsdp2")
         _range(self.lora_rank, "model.lora_rank", 1, 4096, integer=True)
         _range(self.lora_alpha, "model.lora_alpha", 0.0, None, lo_open=True)
         _range(self.lora_dropout, "model.lora_dropout", 0.0, 1.0, hi_open=True)

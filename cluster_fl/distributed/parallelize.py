@@ -12,12 +12,11 @@ fixed order, applies
    the backward pass (``model.activation_checkpointing``); parameter names do not change;
 4. **sharding of a client lane** -- with ``model.shard_group_size`` G > 1 the world's ranks form
    world/G lanes (a 2-D mesh: lane × shard). The frozen base is sharded over the G ranks of a lane
-   with FSDP2 ``fully_shard`` (one unit per encoder/decoder layer, the rest in the root unit) or
-   DeepSpeed ZeRO-3 (:mod:`cluster_fl.distributed.deepspeed`). A real architecture arrives as a skeleton
-   on the meta device (``models.build_model(meta=True)``): FSDP2 shards the skeleton, allocates
-   each rank's shards and reads only those rows from the checkpoint (:func:`load_shards`);
-   DeepSpeed partitions it one module at a time (:func:`~cluster_fl.distributed.deepspeed.apply_zero3`):
-   no rank holds the whole base on the host. The trainable groups are left out of the
+   with FSDP2 ``fully_shard`` (one unit per encoder/decoder layer, the rest in the root unit;
+   DeepSpeed ZeRO-3 was removed in favour of it, ARCHITECTURE.md says why). A real architecture
+   arrives as a skeleton on the meta device (``models.build_model(meta=True)``): FSDP2 shards
+   the skeleton, allocates each rank's shards and reads only those rows from the checkpoint
+   (:func:`load_shards`): no rank holds the whole base on the host. The trainable groups are left out of the
    sharding and replicated, so Δ, clipping and the secure sum see
    whole tensors exactly as in an unsharded run. A lane trains one client at a time: each member
    runs its slice of every batch, the members' trainable gradients are summed over the lane and
@@ -325,11 +324,6 @@ def parallelize(model: SpeechModel, model_cfg: Any, device: torch.device,
         mesh = lane_mesh(layout, device)
         apply_fsdp2(model, mesh, device)
         group = mesh.get_group()
-    elif shard == "deepspeed":
-        from cluster_fl.distributed.deepspeed import apply_zero3
-
-        group = lane_mesh(layout, device).get_group()
-        model._zero3_hooks = apply_zero3(model, group, device)  # lives as long as the model
     placement = Placement(device, dtype, layout, group)
     if device.type == "cuda":  # fp32 matmuls (LoRA, the connector, an fp32 base) on tensor cores
         torch.backends.cuda.matmul.allow_tf32 = True

@@ -1,14 +1,13 @@
 """Meta-device build for sharded lanes (issue 25, item 4): with ``model.shard_group_size`` > 1
 no rank holds the whole frozen base. A real architecture is built as a skeleton on the meta
 device; FSDP2 allocates each rank's shards and reads only their rows from the safetensors
-checkpoint, DeepSpeed partitions it one module at a time. Against a whole ``from_pretrained``
+checkpoint (DeepSpeed was removed, ARCHITECTURE.md). Against a whole ``from_pretrained``
 build: the same base (gathered), the same trainable init (LoRA, new connector), the same
 buffers, bit for bit. Small stand-in checkpoints (``save_pretrained`` of random Whisper / Llama /
 Voxtral) play the real ones."""
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 
@@ -99,33 +98,17 @@ def lane_worker(comm, root: Path, arch: str, shard: str) -> dict:
     parallelize(model, cfg, torch.device("cpu"), LaneLayout(g, g, comm.rank))
     state, local, total = {}, 0, 0
     for n, p in model.named_parameters():
-        if shard == "deepspeed":
-            import deepspeed
-
-            if not p.requires_grad:
-                local += p.ds_tensor.numel()
-                total += p.ds_numel
-            with deepspeed.zero.GatheredParameters([p]):
-                state[n] = p.detach().clone()
-        else:
-            if not p.requires_grad:
-                local += p.to_local().numel() if isinstance(p, DTensor) else p.numel()
-                total += p.numel()
-            state[n] = (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone()
+        if not p.requires_grad:
+            local += p.to_local().numel() if isinstance(p, DTensor) else p.numel()
+            total += p.numel()
+        state[n] = (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone()
     state.update({"buffer:" + n: b.detach().clone() for n, b in model.named_buffers()})
     return {"state": state, "reads": reads, "local_share": local / total}
 
 
-def _shards(shard: str):
-    if shard == "deepspeed" and importlib.util.find_spec("deepspeed") is None:
-        pytest.skip("the deepspeed extra is not installed")
-
-
 # (Voxtral's key layout is read by the test above; one spawned lane of each kind is enough)
-@pytest.mark.parametrize("arch,shard", [("whisper-tinyllama", "fsdp2"),
-                                        ("whisper-tinyllama", "deepspeed")])
+@pytest.mark.parametrize("arch,shard", [("whisper-tinyllama", "fsdp2")])
 def test_a_lane_of_two_loads_only_its_shards_and_equals_a_whole_build(checkpoints, arch, shard):
-    _shards(shard)
     from cluster_fl.distributed.parallelize import LaneLayout, parallelize
 
     cfg = _cfg(checkpoints, arch)
@@ -138,18 +121,11 @@ def test_a_lane_of_two_loads_only_its_shards_and_equals_a_whole_build(checkpoint
         got = member["state"]
         assert got.keys() == want.keys()
         assert [k for k in want if not torch.equal(want[k], got[k])] == []
-        if shard == "fsdp2":  # each rank read its own rows of every frozen tensor, no more
-            assert member["local_share"] < 0.6
-            read = member["reads"]
-            assert all(read.get(n, 0) <= -(-rows // 2) for n, rows in sizes.items())
-        else:  # one member reads, ZeRO broadcasts module by module and keeps a partition
-            assert member["local_share"] < 0.6
-    if shard == "fsdp2":
-        for n, rows in sizes.items():  # together the members read every row exactly once
-            assert lane[0]["reads"].get(n, 0) + lane[1]["reads"].get(n, 0) == rows, n
-    else:
-        assert sum(lane[1]["reads"].values()) == 0 and lane[0]["reads"]
-
+        assert member["local_share"] < 0.6  # each rank read its own rows, no more
+        read = member["reads"]
+        assert all(read.get(n, 0) <= -(-rows // 2) for n, rows in sizes.items())
+    for n, rows in sizes.items():  # together the members read every row exactly once
+        assert lane[0]["reads"].get(n, 0) + lane[1]["reads"].get(n, 0) == rows, n
 
 def test_a_checkpoint_that_does_not_match_its_config_is_refused_before_loading(checkpoints,
                                                                                tmp_path):

@@ -83,3 +83,8 @@ def test_random_init_is_said_and_a_real_architecture_needs_it_on_purpose(bf16_fi
         ModelConfig(arch="whisper-tinyllama", init="random", decoder_path="/x")
     with pytest.raises(ConfigError, match="allowed: auto, pretrained, random"):
         ModelConfig(init="scratch")
+
+
+def test_deepspeed_is_no_longer_a_shard_choice():
+    with pytest.raises(ConfigError, match=r"model.shard.*allowed: none, fsdp2"):
+        ModelConfig(shard="deepspeed", shard_group_size=2)
