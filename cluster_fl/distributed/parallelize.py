@@ -138,29 +138,34 @@ class Placement:
         (a detached 0-d tensor on the device: reading it is left to the caller, once).
 
         Unsharded: the model's own loss. In a lane of G: this member's slice of the batch, the
-        sum of its token losses, gradients summed over the lane and divided by the batch's token
-        count (so every member holds the gradient of the whole batch's mean loss)."""
+        sum of its token losses divided by the whole batch's token count (counted on the host
+        from the transcripts), gradients summed over the lane in one all-reduce with the loss
+        (so every member holds the gradient of the whole batch's mean loss). Neither path reads
+        a value back from the device."""
         if not self.sharded:
             step = model.prepare(batch, self.buckets)
             loss = self.row_losses(model, step).sum() / max(step.token_count, 1)
             loss.backward()
             return loss.detach()
         part, real = _member_slice(batch, self.layout.member, self.layout.group_size)
-        with self.compute():
-            loss, n_tokens = model.loss(part)
-        n_local = n_tokens if real else 0
-        (loss * n_local).backward()  # a member without rows still runs FSDP's collectives
+        # the lane's token total is known on the host (every member holds the whole batch's
+        # texts), so each member's loss is scaled before its backward and nothing is read back
+        total = max(sum(model.target_counts(batch["texts"])), 1)
+        step = model.prepare(part, self.buckets)
+        local = self.row_losses(model, step).sum()
+        if not real:  # a member without rows still runs FSDP's collectives, with weight 0
+            local = local * 0.0
+        (local / total).backward()
         grads = [p.grad for p in params.values() if p.grad is not None]
-        flat = torch.cat([g.reshape(-1).float() for g in grads] + [torch.tensor(
-            [float(n_local), float(loss.detach()) * n_local], device=self.device)])
+        # one all-reduce: the trainable gradients and the lane's mean loss, left on the device
+        flat = torch.cat([g.reshape(-1).float() for g in grads]
+                         + [local.detach().float().reshape(1) / total])
         tdist.all_reduce(flat, op=tdist.ReduceOp.SUM, group=self.lane_group)
-        total_tokens, loss_sum = float(flat[-2]), float(flat[-1])
-        scale = 1.0 / max(total_tokens, 1.0)
         offset = 0
         for g in grads:
-            g.copy_(flat[offset:offset + g.numel()].view_as(g) * scale)
+            g.copy_(flat[offset:offset + g.numel()].view_as(g))
             offset += g.numel()
-        return torch.tensor(loss_sum * scale)
+        return flat[-1]
 
 
 def _member_slice(batch: Mapping[str, Any], member: int, size: int) -> tuple[dict, bool]:
