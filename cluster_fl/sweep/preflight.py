@@ -309,10 +309,8 @@ def check_slurm(grid: Grid) -> list[Problem]:
     try:
         check_resources(grid)
     except UserError as exc:  # "resources.KEY=VALUE asks for ..." or "resources.KEY: ..."
-        text = str(exc)
-        key = re.split(r"[=:]", text, maxsplit=1)[0]
-        message = text.split(" ", 1)[1] if " " in text else text
-        problems.append(Problem("grid", key, message))
+        key, _, message = str(exc).partition(" ")
+        problems.append(Problem("grid", key.rstrip(":"), message))
     if status_mod.slurm_nodes(r.partition) is None:
         problems.append(Problem("grid", "--cluster slurm", "sinfo cannot list the nodes"))
     if problems:
