@@ -86,6 +86,21 @@ class SafetensorsFile:
                 out[a:b].copy_(f.get_slice(key)[start + a:start + b])
 
 
+def checkpoint_folder(path: str | Path) -> Path:
+    """A local folder for ``path``: the folder itself, or -- for a Hugging Face repository name
+    such as ``openai/whisper-large-v3`` -- its snapshot in the local HF cache (never
+    downloads). The path unchanged when neither exists (the caller reports it)."""
+    folder = Path(path).expanduser()
+    if folder.is_dir() or folder.is_absolute() or str(path).count("/") != 1:
+        return folder
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(str(path), local_files_only=True))
+    except Exception:  # not in the cache (LocalEntryNotFoundError), or not a repository name
+        return folder
+
+
 def _safetensors_files(folder: Path) -> dict[str, Path]:
     """key -> file for a checkpoint folder (``model.safetensors`` or an index of shards)."""
     index = folder / "model.safetensors.index.json"
@@ -173,7 +188,7 @@ class CheckpointWeights(SkeletonWeights):
 
     def __init__(self, family: str, folders: dict[str, str]):
         self.family = family
-        self.folders = {k: Path(v).expanduser() for k, v in folders.items()}
+        self.folders = {k: checkpoint_folder(v) for k, v in folders.items()}
         self._files: dict[str, dict[str, Path]] = {}
         self._open: dict[Path, SafetensorsFile] = {}
 

@@ -115,8 +115,10 @@ def _cell_inputs(cell: str, cfg: Config) -> list[Problem]:
         if placeholder(str(value)):
             out.append(Problem(cell, key, f"{value!r} is a placeholder; fill in a local path"))
             bad_paths.add(key)
-        elif not Path(str(value)).expanduser().exists():
-            out.append(Problem(cell, key, f"{value} does not exist"))
+        elif not _exists(key, str(value)):
+            out.append(Problem(cell, key, f"{value} does not exist"
+                               + (" (nor is it in the local Hugging Face cache)"
+                                  if key.startswith("model.") and "_path" in key else "")))
             bad_paths.add(key)
     if "data.corpus" not in bad_paths:
         out += [Problem(cell, k, m) for k, m in _corpus_gaps(
@@ -144,6 +146,17 @@ def _cell_inputs(cell: str, cfg: Config) -> list[Problem]:
     return out
 
 
+def _exists(key: str, value: str) -> bool:
+    """A path that exists; for checkpoint folders also a repository name in the local HF cache."""
+    if Path(value).expanduser().exists():
+        return True
+    if key in ("model.encoder_path", "model.decoder_path", "model.tokenizer_path"):
+        from cluster_fl.models.weights import checkpoint_folder
+
+        return checkpoint_folder(value).is_dir()
+    return False
+
+
 def _checkpoint_keys(cfg: Config) -> dict[str, str | None]:
     """The checkpoint folders a real architecture reads, by config key."""
     from cluster_fl.models.registry import get_arch
@@ -157,7 +170,9 @@ def _checkpoint_keys(cfg: Config) -> dict[str, str | None]:
 def _folder_files(folder: str, key: str) -> list[str]:
     """What a Hugging Face checkpoint folder lacks: config, safetensors weights, a tokenizer
     (the decoder's, read unless model.tokenizer_path names another)."""
-    path = Path(folder).expanduser()
+    from cluster_fl.models.weights import checkpoint_folder
+
+    path = checkpoint_folder(folder)
     if not path.is_dir():
         return [f"{folder} is not a folder (a save_pretrained output: config.json, "
                 "model.safetensors, tokenizer)"]

@@ -6,6 +6,8 @@ Random init is a decision: ``model.init``."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -88,3 +90,25 @@ def test_random_init_is_said_and_a_real_architecture_needs_it_on_purpose(bf16_fi
 def test_deepspeed_is_no_longer_a_shard_choice():
     with pytest.raises(ConfigError, match=r"model.shard.*allowed: none, fsdp2"):
         ModelConfig(shard="deepspeed", shard_group_size=2)
+
+
+def test_a_repository_name_is_read_from_the_local_hf_cache_never_downloaded(tmp_path,
+                                                                             monkeypatch):
+    import shutil
+
+    from cluster_fl.models.weights import checkpoint_folder
+
+    src = save_whisper_llama(tmp_path / "src")
+    cache = tmp_path / "hub"
+    snapshot = cache / "models--acme--tiny-llama" / "snapshots" / ("a" * 40)
+    shutil.copytree(src / "llama", snapshot)
+    (cache / "models--acme--tiny-llama" / "refs").mkdir()
+    (cache / "models--acme--tiny-llama" / "refs" / "main").write_text("a" * 40)
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import huggingface_hub.constants as hub_constants
+
+    monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(cache))
+    assert checkpoint_folder("acme/tiny-llama") == snapshot
+    assert checkpoint_folder("acme/not-cached") == Path("acme/not-cached")
+    assert checkpoint_folder(src / "whisper") == src / "whisper"
