@@ -216,4 +216,17 @@ MUTANTS: list[Mutant] = [
             "test_cluster_fl_takes_the_same_local_steps_as_the_peers",),
            "cluster_fl takes fewer local steps than the peers: the speed ratio compares "
            "unequal work"),
+    Mutant("placeholder-corpus-queued", "cluster_fl/sweep/preflight.py",
+           (("        found += check_inputs(specs)", "        found += []"),),
+           (S + "test_preflight.py::"
+            "test_a_placeholder_corpus_is_one_line_and_exit_2_with_nothing_submitted",),
+           "pre-flight checks no input: a grid with /path/to/... as its corpus reaches the queue "
+           "(issue 48)"),
+    Mutant("lane-loss-over-the-slice", "cluster_fl/distributed/parallelize.py",
+           (('total = max(sum(model.target_counts(batch["texts"])), 1)',
+             'total = max(sum(model.target_counts(part["texts"])), 1)'),),
+           (E + "test_lane_syncs.py::"
+            "test_a_lane_step_reads_nothing_back_and_equals_the_unsharded_step",),
+           "a lane member divides its loss by its own slice's tokens, not the batch's: the lane's "
+           "gradient is about G x too large (issue 48)"),
 ]
