@@ -87,6 +87,15 @@ def test_model_and_privacy_code_know_nothing_of_ranks():
     assert offenders == []
 
 
+def test_nothing_imports_deepspeed():
+    """DeepSpeed was driven through private hooks that broke across its releases; it was
+    removed in favour of FSDP2 (ARCHITECTURE.md, issue 48). A return must come through its
+    public API and a decision recorded there, not a quiet import."""
+    bad = [path for path, tree in _modules()
+           if any(m == "deepspeed" or m.startswith("deepspeed.") for m in _imports(tree))]
+    assert bad == []
+
+
 def test_no_module_below_the_command_layer_imports_it():
     offenders = [f"{path}: {', '.join(_imports_command_layer(tree))}"
                  for path, tree in _modules()

@@ -2,23 +2,26 @@
 [--parallel N]``: submit a grid.
 
 Expansion, submission with submitit, waiting and the run-folder bookkeeping are
-:mod:`cluster_fl.sweep.grid`; this command prints the plan and the outcome. Exit 1 when a
-waited-for run failed.
+:mod:`cluster_fl.sweep.grid`; pre-flight (:mod:`cluster_fl.sweep.preflight`) runs before every
+submission and under ``--dry-run``, which also prints each job's resources and estimates. Exit 2
+when pre-flight finds a problem (one line each, nothing submitted); exit 1 when a waited-for run
+failed.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 
 from cluster_fl.config import parse_override
-from cluster_fl.sweep.grid import (CLUSTERS, TrainFn, check_devices, check_resources, pending_runs,
-                                         seed_major, submit)
+from cluster_fl.sweep.grid import (CLUSTERS, TrainFn, check_devices, seed_major, submit)
 from cluster_fl.sweep.gridspec import Grid, RunSpec, load_grid, run_folder
 from cluster_fl.sweep.pack import check_packing, packs, runs_per_task
 from cluster_fl.report.round0 import score_round0
-from cluster_fl.sweep.status import (format_states, grid_states_of, progress_text, read_registry,
-                                     run_progress)
+from cluster_fl.sweep.preflight import PreflightFailed, expand_cells, job_lines, preflight
+from cluster_fl.sweep.status import (RESUBMIT, format_states, grid_states_of, progress_text,
+                                     read_registry, run_progress)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -45,9 +48,19 @@ def run(args: argparse.Namespace, train_fn: TrainFn | None = None) -> int:
         grid = dataclasses.replace(grid, resources=dataclasses.replace(
             grid.resources, array_parallelism=parallel))  # Resources checks it (>= 1)
     extra = dict(parse_override(o) for o in args.overrides)
-    todo, states = pending_runs(grid, extra)
+    specs, problems = expand_cells(grid, extra)
+    states = grid_states_of(specs, read_registry(grid))  # the valid cells' runs
+    todo = [s for s, state in states if state in RESUBMIT]
     print(f"grid {grid.experiment}: {len(states)} runs under {grid.root}")
     print(format_states(states))
+    try:  # nothing doomed reaches the queue; an injected train_fn reads no engine inputs
+        preflight(grid, todo, args.cluster, inputs=train_fn is None, problems=problems)
+    except PreflightFailed as failed:
+        for problem in failed.problems:
+            print(f"cluster-fl grid: error: {problem.line()}", file=sys.stderr)
+        print(f"pre-flight: {len(failed.problems)} problem(s); nothing was submitted",
+              file=sys.stderr)
+        return 2
     if args.dry_run:
         for line in check_devices(grid, todo, args.cluster):
             print(line)
@@ -56,11 +69,12 @@ def run(args: argparse.Namespace, train_fn: TrainFn | None = None) -> int:
                 print(line)
             print(f"{len(todo)} runs in {len(packs(grid, todo))} task(s) of up to "
                   f"{runs_per_task(grid)} (resources.runs_per_gpu={grid.resources.runs_per_gpu})")
-        if args.cluster == "slurm" and todo:
-            check_resources(grid)
         for spec in seed_major(todo):  # the order submit uses
             axes = " ".join(f"{k}={v}" for k, v in spec.axes.items())
             print(f"would submit {spec.run_id}  ({axes} seed={spec.seed}) -> {run_folder(spec.config)}")
+            if train_fn is None:
+                for line in job_lines(grid, spec):
+                    print(line)
         print(f"dry run: {len(todo)} of {len(states)} runs would be submitted to {args.cluster}")
         return 0
     if getattr(args, "round0", False):  # callers building a Namespace may leave it out

@@ -65,6 +65,13 @@ class ModelConfig:
     for a secure-mode run), so the seeds of a study start from different connectors and its
     round-0 differs per seed (every method of one seed shares it); an integer pins one init for
     every seed. Unused (``null``) with ``connector_init: checkpoint``."""
+    init: str = "auto"
+    """Where the base's weights come from -- random init is a decision, never an accident.
+    ``auto``: the checkpoints the config names; a real architecture then requires them
+    (``encoder_path`` / ``decoder_path``), a tiny one without ``model.checkpoint`` starts from
+    random weights and the run says so at its start. ``random``: random weights on purpose, also
+    for a real architecture (built at its registry widths; no checkpoint may be named).
+    ``pretrained``: refuse to start without a checkpoint, tiny architectures included."""
     encoder_path: str | None = None
     """Local path / HF-cache name of the real audio encoder (``from_pretrained``; never downloads)."""
     decoder_path: str | None = None
@@ -94,8 +101,8 @@ class ModelConfig:
     ``false`` (the default, faster): the encoder sees the utterance alone, padding masked. On
     2-20 s MLS utterances padding costs ~1.5-15x the encoder's work."""
     shard: str = "none"
-    """Sharding of the frozen base inside a client lane: ``none``, ``fsdp2`` or ``deepspeed``
-    (ZeRO-3, needs the ``deepspeed`` extra)."""
+    """Sharding of the frozen base inside a client lane: ``none`` or ``fsdp2`` (DeepSpeed ZeRO-3
+    was removed in favour of FSDP2; ARCHITECTURE.md says why)."""
     shard_group_size: int = 1
     """G: ranks per client lane. The world splits into world/G lanes; the ranks of a lane train one
     client at a time together with the base sharded over them (G > 1 needs ``shard``)."""
@@ -108,6 +115,11 @@ class ModelConfig:
         _check(self.compile in (True, False, "auto"), "model.compile",
                f"got {self.compile!r}; allowed: true, false, auto")
         _in(self.connector_init, ("checkpoint", "fresh"), "model.connector_init")
+        _in(self.init, ("auto", "pretrained", "random"), "model.init")
+        named = [k for k in ("checkpoint", "encoder_path", "decoder_path") if getattr(self, k)]
+        _check(self.init != "random" or not named, "model.init",
+               f"random builds the base from random weights, yet model.{named[0] if named else ''}"
+               " names a checkpoint; drop one of them")
         _check(self.connector_init == "checkpoint" or self.checkpoint is not None,
                "model.connector_init", "fresh re-initialises the connector of model.checkpoint; "
                "set model.checkpoint (without one every weight is fresh already)")
@@ -115,11 +127,11 @@ class ModelConfig:
             object.__setattr__(self, "connector_seed", None)
         if self.connector_seed is not None:
             _range(self.connector_seed, "model.connector_seed", 0, None, integer=True)
-        _in(self.shard, ("none", "fsdp2", "deepspeed"), "model.shard")
+        _in(self.shard, ("none", "fsdp2"), "model.shard")
         _range(self.shard_group_size, "model.shard_group_size", 1, 4096, integer=True)
         _check(self.shard_group_size == 1 or self.shard != "none", "model.shard_group_size",
                f"got {self.shard_group_size}; a lane of several ranks needs model.shard "
-               "fsdp2 or deepspeed")
+               "fsdp2")
         _range(self.lora_rank, "model.lora_rank", 1, 4096, integer=True)
         _range(self.lora_alpha, "model.lora_alpha", 0.0, None, lo_open=True)
         _range(self.lora_dropout, "model.lora_dropout", 0.0, 1.0, hi_open=True)

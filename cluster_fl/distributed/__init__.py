@@ -4,7 +4,7 @@
   fake), two timeouts (dead peer vs. waiting for the slowest rank);
 * :mod:`~cluster_fl.distributed.launch` -- torchrun / SLURM / submitit environments -> :class:`LaunchEnv`;
 * :mod:`~cluster_fl.distributed.parallelize` -- applied from outside the single-device model code:
-  device placement, dtype policy, activation checkpointing, FSDP2 / DeepSpeed sharding of a
+  device placement, dtype policy, activation checkpointing, FSDP2 sharding of a
   client lane;
 * :mod:`~cluster_fl.distributed.spawn` -- local multi-process runs and 1-vs-N parity checks for tests.
 """

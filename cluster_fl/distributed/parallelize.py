@@ -12,12 +12,11 @@ fixed order, applies
    the backward pass (``model.activation_checkpointing``); parameter names do not change;
 4. **sharding of a client lane** -- with ``model.shard_group_size`` G > 1 the world's ranks form
    world/G lanes (a 2-D mesh: lane × shard). The frozen base is sharded over the G ranks of a lane
-   with FSDP2 ``fully_shard`` (one unit per encoder/decoder layer, the rest in the root unit) or
-   DeepSpeed ZeRO-3 (:mod:`cluster_fl.distributed.deepspeed`). A real architecture arrives as a skeleton
-   on the meta device (``models.build_model(meta=True)``): FSDP2 shards the skeleton, allocates
-   each rank's shards and reads only those rows from the checkpoint (:func:`load_shards`);
-   DeepSpeed partitions it one module at a time (:func:`~cluster_fl.distributed.deepspeed.apply_zero3`):
-   no rank holds the whole base on the host. The trainable groups are left out of the
+   with FSDP2 ``fully_shard`` (one unit per encoder/decoder layer, the rest in the root unit;
+   DeepSpeed ZeRO-3 was removed in favour of it, ARCHITECTURE.md says why). A real architecture
+   arrives as a skeleton on the meta device (``models.build_model(meta=True)``): FSDP2 shards
+   the skeleton, allocates each rank's shards and reads only those rows from the checkpoint
+   (:func:`load_shards`): no rank holds the whole base on the host. The trainable groups are left out of the
    sharding and replicated, so Δ, clipping and the secure sum see
    whole tensors exactly as in an unsharded run. A lane trains one client at a time: each member
    runs its slice of every batch, the members' trainable gradients are summed over the lane and
@@ -139,29 +138,34 @@ class Placement:
         (a detached 0-d tensor on the device: reading it is left to the caller, once).
 
         Unsharded: the model's own loss. In a lane of G: this member's slice of the batch, the
-        sum of its token losses, gradients summed over the lane and divided by the batch's token
-        count (so every member holds the gradient of the whole batch's mean loss)."""
+        sum of its token losses divided by the whole batch's token count (counted on the host
+        from the transcripts), gradients summed over the lane in one all-reduce with the loss
+        (so every member holds the gradient of the whole batch's mean loss). Neither path reads
+        a value back from the device."""
         if not self.sharded:
             step = model.prepare(batch, self.buckets)
             loss = self.row_losses(model, step).sum() / max(step.token_count, 1)
             loss.backward()
             return loss.detach()
         part, real = _member_slice(batch, self.layout.member, self.layout.group_size)
-        with self.compute():
-            loss, n_tokens = model.loss(part)
-        n_local = n_tokens if real else 0
-        (loss * n_local).backward()  # a member without rows still runs FSDP's collectives
+        # the lane's token total is known on the host (every member holds the whole batch's
+        # texts), so each member's loss is scaled before its backward and nothing is read back
+        total = max(sum(model.target_counts(batch["texts"])), 1)
+        step = model.prepare(part, self.buckets)
+        local = self.row_losses(model, step).sum()
+        if not real:  # a member without rows still runs FSDP's collectives, with weight 0
+            local = local * 0.0
+        (local / total).backward()
         grads = [p.grad for p in params.values() if p.grad is not None]
-        flat = torch.cat([g.reshape(-1).float() for g in grads] + [torch.tensor(
-            [float(n_local), float(loss.detach()) * n_local], device=self.device)])
+        # one all-reduce: the trainable gradients and the lane's mean loss, left on the device
+        flat = torch.cat([g.reshape(-1).float() for g in grads]
+                         + [local.detach().float().reshape(1) / total])
         tdist.all_reduce(flat, op=tdist.ReduceOp.SUM, group=self.lane_group)
-        total_tokens, loss_sum = float(flat[-2]), float(flat[-1])
-        scale = 1.0 / max(total_tokens, 1.0)
         offset = 0
         for g in grads:
-            g.copy_(flat[offset:offset + g.numel()].view_as(g) * scale)
+            g.copy_(flat[offset:offset + g.numel()].view_as(g))
             offset += g.numel()
-        return torch.tensor(loss_sum * scale)
+        return flat[-1]
 
 
 def _member_slice(batch: Mapping[str, Any], member: int, size: int) -> tuple[dict, bool]:
@@ -286,11 +290,10 @@ def load_shards(model: SpeechModel, device: torch.device) -> None:
                 local = p.to_local()
                 shape, offset = compute_local_shape_and_global_offset(p.shape, p.device_mesh,
                                                                       p.placements)
-                if local.numel():
-                    rows = model.weights.read(name, offset[0], offset[0] + shape[0])
-                    local.copy_(rows.to(device=device, dtype=local.dtype))
+                if local.numel():  # this rank's rows, straight into its shard
+                    model.weights.read_into(name, local, offset[0])
             else:
-                p.copy_(model.weights.read(name).to(device=device, dtype=p.dtype))
+                model.weights.read_into(name, p)
     model.weights.rebuild_buffers(model, device)
 
 
@@ -316,8 +319,8 @@ def parallelize(model: SpeechModel, model_cfg: Any, device: torch.device,
     dtype = resolve_dtype(model_cfg.dtype, device.type, compiled)
     apply_dtype(model, dtype)
     if shard == "none":
-        if any(p.is_meta for p in model.parameters()):  # a skeleton, unsharded: read it whole
-            model.weights.materialise(model, device)
+        if any(p.is_meta for p in model.parameters()):  # a skeleton, unsharded: read it whole,
+            model.weights.materialise(model, device)     # each tensor once, on the device
         model.to(device)
     if model_cfg.activation_checkpointing:
         apply_activation_checkpointing(model)
@@ -326,11 +329,6 @@ def parallelize(model: SpeechModel, model_cfg: Any, device: torch.device,
         mesh = lane_mesh(layout, device)
         apply_fsdp2(model, mesh, device)
         group = mesh.get_group()
-    elif shard == "deepspeed":
-        from cluster_fl.distributed.deepspeed import apply_zero3
-
-        group = lane_mesh(layout, device).get_group()
-        model._zero3_hooks = apply_zero3(model, group, device)  # lives as long as the model
     placement = Placement(device, dtype, layout, group)
     if device.type == "cuda":  # fp32 matmuls (LoRA, the connector, an fp32 base) on tensor cores
         torch.backends.cuda.matmul.allow_tf32 = True

@@ -76,7 +76,8 @@ _NEW_AT_DEFAULT = {("model", "dtype"): "float32", ("privacy", "grouping"): "matr
                    ("model", "connector_seed"): None,  # null: the run's seed
                    ("privacy", "max_epsilon"): None,
                    ("model", "pad_to_window"): False,  # unpadded: the behaviour before the key
-                   ("data", "public_split"): "public"}
+                   ("data", "public_split"): "public",
+                   ("model", "init"): "auto"}
 
 
 def path_names(tree: dict[str, Any]) -> dict[str, Any]:

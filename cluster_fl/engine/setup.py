@@ -256,19 +256,20 @@ def check_eval_speakers(cfg: Config, clients: list, eval_utts: list, ledger: Any
 
 
 def sharded_from_meta(cfg: Config, layout: LaneLayout) -> bool:
-    """Whether this rank builds the base as a meta skeleton and loads only its shard: a real
-    architecture (weights from local checkpoints) in a sharded lane. Tiny random-init variants
-    and ``model.checkpoint`` (a tiny pretrain checkpoint) are built whole: a few MB, and their
-    random init is what every 1-vs-N comparison starts from."""
+    """Whether this rank builds the base as a meta skeleton and reads only the tensors it holds
+    (every tensor unsharded, its rows in a sharded lane) straight onto its device in its dtype:
+    every real architecture, whatever the lane size. Tiny random-init variants and
+    ``model.checkpoint`` (a tiny pretrain checkpoint) are built whole: a few MB, and their random
+    init is what every 1-vs-N comparison starts from."""
     from cluster_fl.models import get_arch
 
-    return (layout.group_size > 1 and cfg.model.shard != "none" and cfg.model.checkpoint is None
-            and not get_arch(cfg.model.arch).tiny)
+    return cfg.model.checkpoint is None and not get_arch(cfg.model.arch).tiny
 
 
 def build_world(cfg: Config, comm: Comm, log: Callable[[str], None]) -> World:
     from cluster_fl.models import (build_model, get_trainable, trainable_groups,
                                    trainable_parameters)
+    from cluster_fl.models.build import describe_init
     from cluster_fl.privacy import ledger_for, make_policy, noise_for
 
     require_resolved(cfg, "build_world")
@@ -286,6 +287,8 @@ def build_world(cfg: Config, comm: Comm, log: Callable[[str], None]) -> World:
     if layout.group_size > 1:  # the lane's collectives (mesh, shards) start once all have loaded
         comm.barrier(slow=True)
     placement = parallelize(model, cfg.model, device, layout)
+    if comm.rank == 0:
+        log(describe_init(cfg.model))  # random init is said out loud
     groups = trainable_groups(model)
     params = trainable_parameters(model)
     state = get_trainable(model)

@@ -1,8 +1,9 @@
 """Building a :class:`SpeechLLM` from a registry entry: random-init tiny variants from configs,
-real variants with ``from_pretrained(local_files_only=True)`` (never downloads), and weightless
-skeletons on the meta device -- for sizing, and for sharded lanes, whose ranks each load only
-their shard of the frozen base (``build_base(meta=True)``; :mod:`cluster_fl.models.weights`
-reads the checkpoint, :mod:`cluster_fl.distributed.parallelize` places the shards).
+and real variants as skeletons on the meta device whose tensors are read from local safetensors
+checkpoints (never downloads) -- on the host here, or by each rank straight onto its device in
+its dtype, only the tensors or rows it holds (``build_base(meta=True)``;
+:mod:`cluster_fl.models.weights` reads the checkpoint, :mod:`cluster_fl.distributed.parallelize`
+places the tensors and shards).
 
 Weights a checkpoint does not hold -- LoRA, and the whisper-llama connector between a pretrained
 encoder and a pretrained LLM -- are drawn by :func:`init_new_weights` from one seed taken from the
@@ -26,7 +27,7 @@ from cluster_fl.models.registry import ArchSpec, get_arch, local_config
 from cluster_fl.precision import resolve_compile, resolve_dtype
 from cluster_fl.models.speech_llm import SpeechLLM, StackConnector, VoxtralConnector
 from cluster_fl.models.tokenizer import CharTokenizer, HFTokenizer, Tokenizer
-from cluster_fl.models.weights import CheckpointWeights
+from cluster_fl.models.weights import CheckpointWeights, RandomWeights
 
 log = logging.getLogger(__name__)
 
@@ -88,9 +89,12 @@ def _tokenizer_for(spec: ArchSpec, model_cfg: ModelConfig) -> Tokenizer:
     if spec.tokenizer == "char":
         return CharTokenizer()
     path = model_cfg.tokenizer_path or model_cfg.decoder_path
+    if path is None and model_cfg.init == "random":  # no checkpoint on purpose: characters
+        return CharTokenizer()
     if path is None:
         raise UserError(f"model.arch {spec.name}: set model.decoder_path (and optionally "
-                        "model.tokenizer_path) to a local checkpoint; nothing is downloaded")
+                        "model.tokenizer_path) to a local checkpoint; nothing is downloaded "
+                        "(model.init=random trains from random weights on purpose)")
     try:
         return HFTokenizer(path)
     except (OSError, ValueError) as exc:
@@ -127,11 +131,15 @@ def build_base(model_cfg: ModelConfig, tokenizer: Tokenizer | None = None, *,
                depth: tuple[int, int] | None = None) -> SpeechLLM:
     """The architecture without LoRA: random init (tiny) or pretrained weights (real).
 
-    ``meta=True`` (real variants): the skeleton on the meta device at the dimensions of the
-    local config.json, with ``model.weights`` -- the checkpoint's tensors by parameter name
-    (:class:`~cluster_fl.models.weights.CheckpointWeights`, or ``weights``, e.g.
-    :class:`~cluster_fl.models.weights.RandomWeights`) -- for :func:`materialise` or a sharded
-    load; nothing is read but the configs and the files' headers. ``depth`` = (encoder layers,
+    A real architecture is always built as a skeleton on the meta device at the dimensions of
+    the local config.json, with ``model.weights`` -- the checkpoint's tensors by parameter name
+    (:class:`~cluster_fl.models.weights.CheckpointWeights`; with ``model.init: random``, or
+    ``weights`` given, e.g. :class:`~cluster_fl.models.weights.RandomWeights`), checked against
+    the files' headers before anything is allocated. ``meta=True`` leaves it there for the
+    process boundary to place (each rank reads only the tensors or rows it holds, on its device
+    in its dtype: :func:`cluster_fl.distributed.parallelize.parallelize`); otherwise its tensors
+    are read onto the host here, each allocated once in ``model.dtype``. Either way only the
+    Whisper encoder's tensors are read, never its decoder's. ``depth`` = (encoder layers,
     decoder layers) cuts the stacks (shape-true smoke tests)."""
     spec = get_arch(model_cfg.arch)
     tokenizer = tokenizer or _tokenizer_for(spec, model_cfg)
@@ -142,25 +150,40 @@ def build_base(model_cfg: ModelConfig, tokenizer: Tokenizer | None = None, *,
             model.reset_positions()
             _scale_up_convs(model)
             return model
-        if meta:
-            enc_cfg, dec_cfg = _configs(spec, None, model_cfg, depth)
-            with torch.device("meta"):
-                model = _assemble(spec, enc_cfg, dec_cfg, tokenizer, with_ctc=False)
-            model.weights = weights if weights is not None else _checkpoint_weights(spec,
-                                                                                    model_cfg)
-            apply_storage_dtype(model, model_cfg)
-            model.weights.check(model)
-        else:
-            model = _load_real(spec, model_cfg, tokenizer)
+        enc_cfg, dec_cfg = _configs(spec, None, model_cfg, depth)
+        with torch.device("meta"):
+            model = _assemble(spec, enc_cfg, dec_cfg, tokenizer, with_ctc=False)
+    if weights is None:
+        weights = (RandomWeights(int(torch.randint(0, 2 ** 31, ())))
+                   if model_cfg.init == "random" else checkpoint_weights(spec, model_cfg))
+    model.weights = weights
+    apply_storage_dtype(model, model_cfg)
+    model.weights.check(model)
+    if not meta:
+        materialise(model, "cpu")
     check_vocabulary(model, model_cfg)
     return model
 
 
-def _checkpoint_weights(spec: ArchSpec, model_cfg: ModelConfig) -> CheckpointWeights:
+def describe_init(model_cfg: ModelConfig) -> str:
+    """Where a run's base weights come from, for the line it logs at its start: random init is
+    said out loud."""
+    spec = get_arch(model_cfg.arch)
+    if model_cfg.checkpoint is not None:
+        return f"base from model.checkpoint {model_cfg.checkpoint}"
+    if model_cfg.init == "random" or spec.tiny:
+        why = "model.init=random" if model_cfg.init == "random" else "no model.checkpoint"
+        return f"base: RANDOM INIT ({why}); nothing pretrained is loaded"
+    folders = sorted({p for p in (model_cfg.encoder_path, model_cfg.decoder_path) if p})
+    return f"base from {', '.join(folders)}"
+
+
+def checkpoint_weights(spec: ArchSpec, model_cfg: ModelConfig) -> CheckpointWeights:
     def need(path: str | None, key: str) -> str:
         if path is None:
             raise UserError(f"model.arch {spec.name} needs {key} (a local path; e.g. "
-                            f"{spec.defaults.get(key.split('.')[-1].split('_')[0], '?')})")
+                            f"{spec.defaults.get(key.split('.')[-1].split('_')[0], '?')}), or "
+                            "model.init=random to train from random weights on purpose")
         return path
 
     if spec.family == "voxtral":
@@ -249,42 +272,6 @@ def check_vocabulary(model: SpeechLLM, model_cfg: ModelConfig) -> None:
         raise UserError(f"model.tokenizer_path: {where} has {len(tok)} tokens (largest id "
                         f"{top}), the decoder's vocabulary {rows} rows; use the decoder's own "
                         "tokenizer")
-
-
-def _load_real(spec: ArchSpec, model_cfg: ModelConfig, tokenizer: Tokenizer) -> SpeechLLM:
-    from transformers import (LlamaForCausalLM, VoxtralForConditionalGeneration, WhisperModel)
-
-    def need(path: str | None, key: str) -> str:
-        if path is None:
-            raise UserError(f"model.arch {spec.name} needs {key} (a local path or HF-cache name; "
-                            f"e.g. {spec.defaults.get(key.split('.')[-1].split('_')[0], '?')})")
-        return path
-
-    # Load straight into the storage dtype of the frozen base (an fp16 or bf16 checkpoint is
-    # cast once here, not after a full fp32 copy); the trainable groups are made fp32 masters
-    # afterwards (cluster_fl.distributed.parallelize.apply_dtype).
-    dtype = _storage_dtype(model_cfg)
-    try:
-        if spec.family == "voxtral":
-            path = need(model_cfg.decoder_path or model_cfg.encoder_path, "model.decoder_path")
-            vox = VoxtralForConditionalGeneration.from_pretrained(path, local_files_only=True,
-                                                                  dtype=dtype)
-            cfg = vox.config
-            connector = VoxtralConnector(
-                cfg.audio_config.intermediate_size // cfg.audio_config.hidden_size,
-                vox.model.multi_modal_projector)
-            decoder = _shell(vox)
-            return SpeechLLM(spec.name, vox.model.audio_tower, connector, decoder, tokenizer)
-        encoder = WhisperModel.from_pretrained(
-            need(model_cfg.encoder_path, "model.encoder_path"), local_files_only=True,
-            dtype=dtype).encoder
-        decoder = LlamaForCausalLM.from_pretrained(
-            need(model_cfg.decoder_path, "model.decoder_path"), local_files_only=True,
-            dtype=dtype)
-    except OSError as exc:
-        raise UserError(f"model.arch {spec.name}: cannot load local weights ({exc})") from None
-    connector = StackConnector(spec.stack, encoder.config.d_model, decoder.config.hidden_size)
-    return SpeechLLM(spec.name, encoder, connector, decoder, tokenizer)
 
 
 def _shell(vox: nn.Module) -> nn.Module:

@@ -132,6 +132,10 @@ def _build_model(model_cfg: ModelConfig, tokenizer: Tokenizer | None = None, *,
     ``weights`` and ``depth``: see :func:`~cluster_fl.models.build.build_base`.
     """
     if model_cfg.checkpoint is None:
+        if get_arch(model_cfg.arch).tiny and model_cfg.init == "pretrained":
+            raise UserError(f"model.init=pretrained: {model_cfg.arch} is built from random "
+                            "weights unless model.checkpoint names a `cluster-fl pretrain` "
+                            "checkpoint; set it (or model.init=auto)")
         if get_arch(model_cfg.arch).tiny:
             return apply_lora(build_base(model_cfg, tokenizer, depth=depth), model_cfg)
         seed = int(torch.randint(0, 2 ** 62, (), dtype=torch.int64))

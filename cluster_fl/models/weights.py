@@ -1,88 +1,104 @@
-"""A local checkpoint's tensors by model parameter name, a range of rows at a time.
+"""A local checkpoint's tensors by model parameter name, read straight into their destination.
 
-Sharded lanes (``model.shard_group_size`` > 1) build the real architectures as a skeleton on the
-meta device and let each rank read only its shard of every frozen tensor
-(:mod:`cluster_fl.distributed.parallelize`), so no rank ever holds the whole base on the host. This
-module is the reading side:
+Real architectures are built as a skeleton on the meta device (``build_base(meta=True)``) and each
+rank reads only the tensors -- or, in a sharded lane, the rows -- it holds
+(:mod:`cluster_fl.distributed.parallelize` places them), straight from the safetensors files into
+memory allocated once on its device in the run's dtype. This module is the reading side:
 
-* :class:`SafetensorsFile` reads a ``.safetensors`` file with plain positioned reads (the format
-  is an 8-byte header length, a JSON header of dtype/shape/offsets, then raw row-major bytes):
-  rows ``a:b`` of a tensor are one contiguous byte range, read into fresh memory. No ``mmap``: a
-  mapped file's touched pages count in the process's resident set until it is unmapped, which
-  would put the whole shard in memory twice;
+* :class:`SafetensorsFile` reads a ``.safetensors`` file through ``safetensors.safe_open(...)
+  .get_slice``: rows ``a:b`` of a tensor are a view of the mapped file, copied (and cast) into
+  the destination and released at once. The file is opened per read: a mapped file's touched
+  pages count in the process's resident set until it is unmapped, so a read holds at most one
+  chunk of the file in memory (:data:`CHUNK_BYTES`), never a whole tensor twice;
 * :class:`CheckpointWeights` maps a :class:`~cluster_fl.models.speech_llm.SpeechLLM` parameter
   name to the key of its checkpoint file(s): Whisper encoders saved as ``WhisperModel`` or
-  ``WhisperForConditionalGeneration`` (``encoder.*`` / ``model.encoder.*``), Llama decoders as
-  saved (``model.*``, ``lm_head.*``), Voxtral in the layouts of transformers 4 and 5; LoRA's
-  ``base_layer`` is looked through. Weights the checkpoint does not hold (the new connector,
-  LoRA) are :func:`new_weights`.
+  ``WhisperForConditionalGeneration`` (``encoder.*`` / ``model.encoder.*``; the Whisper decoder's
+  tensors are never read), Llama decoders as saved (``model.*``, ``lm_head.*``), Voxtral in the
+  layouts of transformers 4 and 5; LoRA's ``base_layer`` is looked through. Weights the
+  checkpoint does not hold (the new connector, LoRA) are drawn by ``init_new_weights``.
 
-Only ``.safetensors`` checkpoints (one file or an index of shards) are read this way; a
-``pytorch_model.bin`` is a pickle that must be loaded whole (``mmap`` keeps it out of anonymous
-memory; the same caveat applies).
+Only ``.safetensors`` checkpoints (one file or an index of shards) are read; a
+``pytorch_model.bin`` is a pickle that must be loaded whole (``save_pretrained`` converts it).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import struct
 from pathlib import Path
 from typing import Any, Iterator
 
 import torch
+from safetensors import safe_open
 
 from cluster_fl.errors import UserError
 
-_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
-           "BF16": torch.bfloat16, "I64": torch.int64, "I32": torch.int32, "I16": torch.int16,
-           "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool}
+# rows of a tensor are copied into their destination this many bytes at a time (in the file's
+# dtype): the most of the file a read keeps mapped
+CHUNK_BYTES = 64 * 1024 ** 2
+
+
+_ITEMSIZE = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2,
+             "I16": 2, "U16": 2, "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
 
 
 class SafetensorsFile:
-    """Random access to the tensors of one ``.safetensors`` file (header parsed once)."""
+    """Random access to the tensors of one ``.safetensors`` file (``safe_open``/``get_slice``);
+    the header is read once, the file mapped only for the duration of a read."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        with open(self.path, "rb") as fh:
-            (size,) = struct.unpack("<Q", fh.read(8))
-            header = json.loads(fh.read(size))
-        header.pop("__metadata__", None)
-        self.start = 8 + size
-        self.header: dict[str, dict[str, Any]] = header
+        self.shapes: dict[str, tuple[int, ...]] = {}
+        self.itemsize: dict[str, int] = {}
+        try:
+            with safe_open(str(self.path), framework="pt") as f:
+                for key in f.keys():
+                    view = f.get_slice(key)
+                    self.shapes[key] = tuple(view.get_shape())
+                    self.itemsize[key] = _ITEMSIZE.get(view.get_dtype(), 4)
+        except Exception as exc:  # safetensors raises its own SafetensorError
+            raise UserError(f"{self.path}: unreadable safetensors file "
+                            f"({type(exc).__name__}: {str(exc)[:120]})") from None
 
     def keys(self) -> list[str]:
-        return list(self.header)
+        return list(self.shapes)
 
     def shape(self, key: str) -> tuple[int, ...]:
-        return tuple(self.header[key]["shape"])
+        return self.shapes[key]
 
     def read(self, key: str, start: int | None = None, stop: int | None = None) -> torch.Tensor:
-        """Rows ``start:stop`` of dimension 0 (the whole tensor by default)."""
-        meta = self.header[key]
-        dtype, shape = _DTYPES[meta["dtype"]], list(meta["shape"])
-        begin, end = meta["data_offsets"]
-        if shape:
-            rows = shape[0]
-            start, stop = max(0, start or 0), rows if stop is None else min(stop, rows)
-            row_bytes = (end - begin) // max(rows, 1)
-            begin, end = begin + start * row_bytes, begin + max(start, stop) * row_bytes
-            shape[0] = max(0, stop - start)
-        out = torch.empty(shape, dtype=dtype)
-        if not out.numel():
-            return out
-        buffer = memoryview(out.view(-1).view(torch.uint8).numpy())  # read straight into it
-        fd = os.open(self.path, os.O_RDONLY)
-        try:
-            done = 0
-            while done < end - begin:  # a read may return less than asked
-                n = os.preadv(fd, [buffer[done:end - begin]], self.start + begin + done)
-                if n <= 0:
-                    raise UserError(f"{self.path}: truncated at tensor {key!r}")
-                done += n
-        finally:
-            os.close(fd)
-        return out
+        """Rows ``start:stop`` of dimension 0 (the whole tensor by default), in fresh memory."""
+        with safe_open(str(self.path), framework="pt") as f:
+            if not self.shapes[key]:
+                return f.get_tensor(key).clone()
+            return f.get_slice(key)[start:stop].clone()
+
+    def read_into(self, key: str, out: torch.Tensor, start: int = 0) -> None:
+        """Rows ``start:start + len(out)`` into ``out`` (any device and dtype: ``copy_`` casts),
+        :data:`CHUNK_BYTES` of the file at a time, unmapped after each."""
+        if not self.shapes[key] or out.dim() == 0:
+            out.copy_(self.read(key).reshape(out.shape))
+            return
+        rows = out.shape[0]
+        step = max(1, CHUNK_BYTES // max(1, out[0].numel() * self.itemsize[key]))
+        for a in range(0, rows, step):
+            b = min(rows, a + step)
+            with safe_open(str(self.path), framework="pt") as f:
+                out[a:b].copy_(f.get_slice(key)[start + a:start + b])
+
+
+def checkpoint_folder(path: str | Path) -> Path:
+    """A local folder for ``path``: the folder itself, or -- for a Hugging Face repository name
+    such as ``openai/whisper-large-v3`` -- its snapshot in the local HF cache (never
+    downloads). The path unchanged when neither exists (the caller reports it)."""
+    folder = Path(path).expanduser()
+    if folder.is_dir() or folder.is_absolute() or str(path).count("/") != 1:
+        return folder
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(str(path), local_files_only=True))
+    except Exception:  # not in the cache (LocalEntryNotFoundError), or not a repository name
+        return folder
 
 
 def _safetensors_files(folder: Path) -> dict[str, Path]:
@@ -120,17 +136,32 @@ class SkeletonWeights:
              ) -> torch.Tensor:
         raise NotImplementedError
 
+    def locate(self, name: str) -> Any:
+        """Where parameter ``name`` is stored; None for weights no checkpoint holds."""
+        raise NotImplementedError
+
+    def read_into(self, name: str, out: torch.Tensor, start: int = 0) -> None:
+        """Rows ``start:start + len(out)`` of parameter ``name`` copied (and cast) into ``out``,
+        which may live on any device."""
+        stop = start + out.shape[0] if out.dim() else None
+        out.copy_(self.read(name, start if out.dim() else None, stop).reshape(out.shape))
+
     def materialise(self, model: torch.nn.Module, device: torch.device | str = "cpu") -> None:
-        """Give every meta parameter of ``model`` its whole tensor (cast to the parameter's
-        dtype) on ``device`` and rebuild the buffers. Tied parameters stay tied."""
+        """Give every meta parameter of ``model`` that the checkpoint holds its whole tensor,
+        allocated once on ``device`` in the parameter's dtype and read straight into it (no host
+        copy for a cast), and rebuild the buffers. Tied parameters stay tied. Weights no
+        checkpoint holds (LoRA, a new connector) stay on the meta device for
+        ``init_new_weights``."""
         new: dict[int, torch.nn.Parameter] = {}
         named = {id(p): n for n, p in model.named_parameters()}
         for module in model.modules():
             for key, p in list(module._parameters.items()):
-                if p is None or not p.is_meta:
+                if p is None or not p.is_meta or self.locate(named[id(p)]) is None:
                     continue
                 if id(p) not in new:
-                    value = self.read(named[id(p)]).to(device=device, dtype=p.dtype)
+                    value = torch.empty(p.shape, dtype=p.dtype, device=device)
+                    with torch.no_grad():
+                        self.read_into(named[id(p)], value)
                     new[id(p)] = torch.nn.Parameter(value, requires_grad=p.requires_grad)
                 module._parameters[key] = new[id(p)]
         self.rebuild_buffers(model, device)
@@ -157,7 +188,7 @@ class CheckpointWeights(SkeletonWeights):
 
     def __init__(self, family: str, folders: dict[str, str]):
         self.family = family
-        self.folders = {k: Path(v).expanduser() for k, v in folders.items()}
+        self.folders = {k: checkpoint_folder(v) for k, v in folders.items()}
         self._files: dict[str, dict[str, Path]] = {}
         self._open: dict[Path, SafetensorsFile] = {}
 
@@ -190,18 +221,28 @@ class CheckpointWeights(SkeletonWeights):
         if found is None:
             raise KeyError(name)
         key, path = found
+        return self._file(path).read(key, start, stop)
+
+    def read_into(self, name: str, out: torch.Tensor, start: int = 0) -> None:
+        """Rows of parameter ``name`` straight from the file into ``out`` (chunked, cast by
+        ``copy_``; see :meth:`SafetensorsFile.read_into`)."""
+        found = self.locate(name)
+        if found is None:
+            raise KeyError(name)
+        key, path = found
+        self._file(path).read_into(key, out, start)
+
+    def _file(self, path: Path) -> SafetensorsFile:
         if path not in self._open:
             self._open[path] = SafetensorsFile(path)
-        return self._open[path].read(key, start, stop)
+        return self._open[path]
 
     def shape(self, name: str) -> tuple[int, ...] | None:
         found = self.locate(name)
         if found is None:
             return None
         key, path = found
-        if path not in self._open:
-            self._open[path] = SafetensorsFile(path)
-        return self._open[path].shape(key)
+        return self._file(path).shape(key)
 
     def check(self, model: torch.nn.Module) -> None:
         """Every frozen parameter of ``model`` has a tensor of its shape (one line otherwise),

@@ -3,8 +3,7 @@
 Owns the memory model of DESIGN §12. The world of N GPUs splits into N/G client lanes of G ranks
 (``model.shard_group_size``); a lane trains one client at a time, the frozen base sharded over its
 G ranks (FSDP2: one unit per encoder/decoder layer, the rest in the root unit), the trainable
-state replicated, and each member running ⌈B/G⌉ of the B utterances of a batch (DeepSpeed
-ZeRO-3 lanes are sized the same way). Per GPU::
+state replicated, and each member running ⌈B/G⌉ of the B utterances of a batch. Per GPU::
 
     base        frozen parameters x bytes(model.dtype) / G
     gathered    (root unit x (G-1)/G + 2 x largest layer) x bytes(model.dtype)     (G > 1)

@@ -29,6 +29,7 @@ run its own ``cluster-fl train`` process, after ``plan`` has checked that they f
 from __future__ import annotations
 
 import socket
+import subprocess
 import sys
 import time
 from collections import Counter
@@ -250,7 +251,7 @@ def submit(grid: Grid, specs: Sequence[RunSpec], cluster: str, train_fn: TrainFn
     for start in range(0, len(units), wave):
         chunk_units = units[start:start + wave]
         chunk_specs = [spec for group, _ in chunk_units for spec in group]
-        chunk = executor.submit_array([task for _, task in chunk_units])
+        chunk = _submit_array(executor, [task for _, task in chunk_units], cluster)
         write_registry(grid, {
             spec.run_id: {"cluster": cluster, "job_id": str(job.job_id), "host": socket.gethostname(),
                           "submitted": time.strftime("%Y-%m-%dT%H:%M:%S"),
@@ -296,6 +297,20 @@ def _after_features(grid: Grid, specs: Sequence[RunSpec], executor: Any) -> None
         executor.update_parameters(slurm_additional_parameters={**extra,
                                                                  "dependency": f"afterok:{job}"})
         print(f"features: job {job} fills the store first; the runs wait for it", flush=True)
+
+
+def _submit_array(executor: Any, tasks: list[Any], cluster: str) -> list[Any]:
+    """``executor.submit_array``, a refusal (sbatch's error, a scheduler that went away) as one
+    line naming the cluster instead of submitit's traceback."""
+    try:
+        return executor.submit_array(tasks)
+    except (submitit.core.utils.FailedJobError, subprocess.CalledProcessError, OSError,
+            RuntimeError) as exc:
+        text = str(getattr(exc, "stderr", None) or exc)
+        lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+        reason = next((ln for ln in lines if "error" in ln.lower()), lines[0] if lines else
+                      type(exc).__name__)
+        raise UserError(f"--cluster {cluster}: the submission failed: {reason}") from None
 
 
 def wait_for_runs(grid: Grid, specs: Sequence[RunSpec], jobs: Sequence[Any], cluster: str,

@@ -13,11 +13,12 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import yaml
 
 from cluster_fl.config import SECTIONS, Config, ConfigError, load_config, override, yaml_load
+from cluster_fl.errors import UserError
 from cluster_fl.sweep.features_job import FeaturesResources, features_resources
 
 GRID_KEYS = {"experiment", "out", "base", "set", "axes", "exclude", "seeds", "resources",
@@ -213,13 +214,17 @@ def cell_name(choice: Mapping[str, str]) -> str:
     return "__".join(choice.values()) if choice else "base"
 
 
-def expand(grid: Grid, extra: Mapping[str, Any] | None = None) -> list[RunSpec]:
-    """Every cell x seed of a grid, each with its validated config (``extra`` overrides last)."""
+def expand(grid: Grid, extra: Mapping[str, Any] | None = None,
+           errors: Callable[[str, UserError], None] | None = None) -> list[RunSpec]:
+    """Every cell x seed of a grid, each with its validated config (``extra`` overrides last).
+    An invalid cell raises, naming it; with ``errors``, each invalid cell is handed to it once
+    (cell, error) and left out, so pre-flight can report every one."""
     from cluster_fl.models.registry import resolve_shapes
 
     base = load_config(grid.base) if grid.base else Config()
     names = list(grid.axes)
     specs: list[RunSpec] = []
+    reported: set[str] = set()
     for combo in itertools.product(*(grid.axes[a] for a in names)):
         choice = {a: e["name"] for a, e in zip(names, combo)}
         if any(all(choice.get(k) == v for k, v in ex.items()) for ex in grid.exclude):
@@ -238,7 +243,19 @@ def expand(grid: Grid, extra: Mapping[str, Any] | None = None) -> list[RunSpec]:
             try:
                 cfg = resolve_shapes(override(base, changes))  # data.n_mels: the model's
             except ConfigError as exc:
-                raise ConfigError(exc.key, f"in cell {cell}: {exc}") from None
+                if errors is None:
+                    raise ConfigError(exc.key, f"in cell {cell}: {exc}") from None
+                if cell not in reported:
+                    errors(cell, exc)
+                    reported.add(cell)
+                continue
+            except UserError as exc:  # e.g. an unreadable config.json of a checkpoint
+                if errors is None:
+                    raise
+                if cell not in reported:
+                    errors(cell, exc)
+                    reported.add(cell)
+                continue
             specs.append(RunSpec(cell=cell, axes=choice, seed=seed, overrides=changes, config=cfg))
     return specs
 

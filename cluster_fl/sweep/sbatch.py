@@ -2,7 +2,7 @@
 
 The submitit path (``cluster-fl grid --cluster slurm``) runs one process per rank. Large decoders
 want ``torchrun`` instead (one launcher per node, rendezvous on the first node, a process group per
-node for DeepSpeed/FSDP). This module writes every run's resolved config to
+node for FSDP2). This module writes every run's resolved config to
 ``<out>/<experiment>/.grid/configs/<run_id>.yaml`` plus a manifest (one config path per line, line
 k+1 for array index k) and fills the template: ``#SBATCH --array``, the grid's resources,
 ``--signal=B:USR2@<delay>`` and ``--requeue``. On USR2 the batch shell forwards SIGTERM to the

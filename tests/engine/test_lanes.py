@@ -64,12 +64,6 @@ def _assert_same_run(plain, lanes, init):
         assert v.dtype == torch.float32
 
 
-def _has_deepspeed() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("deepspeed") is not None
-
-
 @pytest.fixture(scope="module")
 def overrides(tiny_corpus, reference_run, tmp_path_factory):
     # reference_run fills the shared feature cache first, so concurrent ranks only read it;
@@ -89,25 +83,15 @@ def test_fsdp2_lane_of_two_matches_one_unsharded_rank(plain_one_rank, overrides,
     _assert_same_run(plain_one_rank, lanes, _initial_state(tiny_config(tiny_corpus, tmp_path)))
 
 
-@pytest.mark.skipif(not _has_deepspeed(), reason="the deepspeed extra is not installed")
-def test_deepspeed_zero3_lane_of_two_matches_one_unsharded_rank(plain_one_rank, overrides,
-                                                                tiny_corpus, tmp_path):
-    lanes = spawn(decisions_worker, 2, overrides("zero3", "model.shard=deepspeed",
-                                                 "model.shard_group_size=2"), timeout_s=300)
-    _assert_same_run(plain_one_rank, lanes, _initial_state(tiny_config(tiny_corpus, tmp_path)))
-
-
 @pytest.fixture(scope="module")
 def plain_two_ranks(overrides):
     return spawn(decisions_worker, 2, overrides("plain2"), timeout_s=240)
 
 
-# four ranks (~45 s): `slow`, run by .ci/run after the default suite (the deepspeed extra is
-# installed by then); the lane of two above is the default suite's lane parity check
+# four ranks (~45 s): `slow`, run by .ci/run after the default suite; the lane of two above is
+# the default suite's lane parity check
 @pytest.mark.slow
-@pytest.mark.parametrize("shard", [
-    "fsdp2", pytest.param("deepspeed", marks=pytest.mark.skipif(
-        not _has_deepspeed(), reason="the deepspeed extra is not installed"))])
+@pytest.mark.parametrize("shard", ["fsdp2"])
 def test_two_lanes_of_two_match_two_unsharded_ranks(plain_two_ranks, overrides, tiny_corpus,
                                                     tmp_path, shard):
     lanes = spawn(decisions_worker, 4, overrides(f"lanes4-{shard}", f"model.shard={shard}",

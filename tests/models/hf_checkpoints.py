@@ -50,3 +50,41 @@ def save_voxtral(path, dtype: torch.dtype = torch.float32):
     VoxtralForConditionalGeneration(cfg).to(dtype).save_pretrained(path)
     save_tokenizer(path)
     return path
+
+
+def from_pretrained_model(model_cfg, seed: int = 3):
+    """The reference the lean loader is held to: the model as Hugging Face's ``from_pretrained``
+    loads it (whole, on the host, in the storage dtype; for Whisper the whole ``WhisperModel``,
+    of which the encoder is kept), LoRA applied and the new weights drawn as ``build_model``
+    draws them after ``torch.manual_seed(seed)``."""
+    from transformers import LlamaForCausalLM, VoxtralForConditionalGeneration, WhisperModel
+
+    from cluster_fl.models import apply_lora, get_arch
+    from cluster_fl.models.build import (_shell, _storage_dtype, _tokenizer_for,
+                                         init_new_weights)
+    from cluster_fl.models.speech_llm import SpeechLLM, StackConnector, VoxtralConnector
+
+    torch.manual_seed(seed)
+    new_seed = int(torch.randint(0, 2 ** 62, (), dtype=torch.int64))
+    spec = get_arch(model_cfg.arch)
+    tokenizer = _tokenizer_for(spec, model_cfg)
+    dtype = _storage_dtype(model_cfg)
+    if spec.family == "voxtral":
+        vox = VoxtralForConditionalGeneration.from_pretrained(
+            model_cfg.decoder_path, local_files_only=True, dtype=dtype)
+        cfg = vox.config
+        connector = VoxtralConnector(
+            cfg.audio_config.intermediate_size // cfg.audio_config.hidden_size,
+            vox.model.multi_modal_projector)
+        base = SpeechLLM(spec.name, vox.model.audio_tower, connector, _shell(vox), tokenizer)
+    else:
+        encoder = WhisperModel.from_pretrained(model_cfg.encoder_path, local_files_only=True,
+                                               dtype=dtype).encoder
+        decoder = LlamaForCausalLM.from_pretrained(model_cfg.decoder_path,
+                                                   local_files_only=True, dtype=dtype)
+        connector = StackConnector(spec.stack, encoder.config.d_model,
+                                   decoder.config.hidden_size)
+        base = SpeechLLM(spec.name, encoder, connector, decoder, tokenizer)
+    model = apply_lora(base, model_cfg)
+    init_new_weights(model, new_seed)
+    return model

@@ -292,4 +292,16 @@ MUTANTS: list[Mutant] = [
              '    if False:'),),
            (R + "test_trust.py::test_another_runs_checkpoint_and_ledger_copied_in_are_refused",),
            "another run's state.pt with the same config, copied in, is resumed as this run's"),
+    Mutant("placeholder-corpus-queued", "cluster_fl/sweep/preflight.py",
+           (("        found += check_inputs(specs)", "        found += []"),),
+           (S + "test_preflight.py::"
+            "test_a_placeholder_corpus_is_one_line_and_exit_2_with_nothing_submitted",),
+           "pre-flight checks no input: a grid with /path/to/... as its corpus reaches the queue"),
+    Mutant("lane-loss-over-the-slice", "cluster_fl/distributed/parallelize.py",
+           (('total = max(sum(model.target_counts(batch["texts"])), 1)',
+             'total = max(sum(model.target_counts(part["texts"])), 1)'),),
+           (E + "test_lane_syncs.py::"
+            "test_a_lane_step_reads_nothing_back_and_equals_the_unsharded_step",),
+           "a lane member divides its loss by its own slice's tokens, not the batch's: the lane's "
+           "gradient is about G x too large"),
 ]

@@ -19,11 +19,14 @@ REPO = Path(__file__).resolve().parents[2]
 METHODS = REPO / "configs" / "method"
 
 
-def tiny_grid(tmp_path: Path, methods=("flat", "alpha-split"), seeds=(0, 1)) -> Path:
+def tiny_grid(tmp_path: Path, methods=("flat", "alpha-split"), seeds=(0, 1), corpus=None) -> Path:
+    """``corpus``: a real one, for the commands whose pre-flight checks the inputs (the fake
+    training of the other tests reads none)."""
+    data = f", data.corpus: {corpus}, data.languages: [en, de, fr]" if corpus else ""
     text = f"""
 experiment: t
 out: {tmp_path / 'results'}
-set: {{fl.rounds: 2, run.device: cpu}}
+set: {{fl.rounds: 2, run.device: cpu{data}}}
 axes:
   method:
 """ + "".join(f"    - {{name: {m}, preset: {METHODS / (m + '.yaml')}}}\n" for m in methods) + f"""
@@ -78,8 +81,9 @@ def test_a_bad_override_names_the_cell(tmp_path):
         expand(load_grid(tiny_grid(tmp_path)), {"privacy.alpha": 2.0})
 
 
-def test_resubmitting_a_finished_grid_submits_nothing_and_a_deleted_run_is_resubmitted(tmp_path, capsys):
-    path = tiny_grid(tmp_path)
+def test_resubmitting_a_finished_grid_submits_nothing_and_a_deleted_run_is_resubmitted(tmp_path, capsys,
+                                                                                        tiny_corpus):
+    path = tiny_grid(tmp_path, corpus=tiny_corpus)
     assert main(["grid", str(path), "--dry-run"]) == 0  # in the order submit uses: seed-major
     assert [line.split()[2] for line in capsys.readouterr().out.splitlines()
             if line.startswith("would submit")] == ["flat__s0", "alpha-split__s0", "flat__s1",

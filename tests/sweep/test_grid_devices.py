@@ -52,15 +52,22 @@ def test_auto_without_gpus_on_a_gpu_partition_is_warned_about(tmp_path, monkeypa
     assert grid_mod.check_devices(cpu, cpu_specs, "slurm") == []  # CPU said out loud
 
 
-def test_the_dry_run_prints_the_warning(tmp_path, monkeypatch, capsys):
+def test_the_dry_run_prints_the_warning(tmp_path, monkeypatch, capsys, tiny_corpus):
     import argparse
+    import sys
+    from pathlib import Path
 
     from cluster_fl.commands import grid as grid_cmd
 
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import slurm_fakes  # pre-flight asks sinfo and sbatch --test-only: stand-ins answer
+
+    slurm_fakes.install(tmp_path / "bin", monkeypatch, partitions="gpu", gpus=4)
     _grid(tmp_path, "auto", 0)
     monkeypatch.setattr(status, "slurm_nodes", lambda partition=None: GPU_NODES)
     args = argparse.Namespace(grid=str(tmp_path / "grid.yaml"), cluster="slurm", dry_run=True,
-                              wait=False, round0=False, out=None, overrides=[])
+                              wait=False, round0=False, out=None,
+                              overrides=[f"data.corpus={tiny_corpus}", "data.languages=[en,de,fr]"])
     assert grid_cmd.run(args) == 0
     assert "warning: run.device=auto" in capsys.readouterr().out
 

@@ -242,7 +242,7 @@ def test_the_probe_reads_the_configured_public_split_of_a_real_mls_layout(tmp_pa
 
     corpus = write_openslr(tmp_path / "mls", "german",
                            {"train": {"1844": 4}, "dev": {"3001": 4, "3002": 4}})
-    cfg = load_config(ARCH, [f"data.corpus={corpus}", "data.languages=[de]", "run.device=cpu",
+    cfg = resolved_config(ARCH, [f"data.corpus={corpus}", "data.languages=[de]", "run.device=cpu",
                              "run.threads=1", "fl.batch_size=2", "fl.max_local_steps=2",
                              "data.public_split=dev"])
     r = cal.calibrate(cfg, speakers=2)

@@ -1,0 +1,76 @@
+"""The lane step like the local step (issue 48, item 3): in an FSDP2 lane of two gloo ranks, a
+client's local training reads nothing back from the device per step -- the token total comes
+from the transcripts on the host, the loss stays on the device, the gradients and the loss go
+in one all-reduce -- counted with tests/host_syncs.py as the local step is in
+test_host_syncs.py; and the lane's update equals one unsharded rank's (float32 tolerance)."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from engine_helpers import tiny_overrides  # noqa: E402
+
+from cluster_fl.distributed import spawn  # noqa: E402
+
+PER_CLIENT = 1  # the one read of a client's pass over its data (test_host_syncs.py)
+
+
+def lane_worker(comm: Any, overrides: list[str]) -> dict[str, Any]:
+    """Build the run's world, train client 1 for 1 and 2 steps under HostReads."""
+    import pytest as _pytest
+
+    from host_syncs import HostReads
+
+    from cluster_fl.config import load_config
+    from cluster_fl.engine import setup
+
+    torch.set_num_threads(1)
+    world = setup.build_world(load_config(None, overrides), comm, lambda m: None)
+    runner = world.engine.runner
+    client = world.engine.clients[1]
+    data = client.load()
+    out: dict[str, Any] = {"reads": {}}
+    saved = runner.fl
+    for steps in (1, 2):
+        runner.fl = dataclasses.replace(saved, max_local_steps=steps)
+        runner.train(client.index, data, world.initial_state, 1)  # warm first-call caches
+        with _pytest.MonkeyPatch.context() as m:
+            reads = HostReads(m)
+            update = runner.train(client.index, data, world.initial_state, 1)
+        out["reads"][update.steps] = (reads.n, reads.report())
+        out[f"delta{steps}"] = {k: v.detach().clone() for k, v in update.delta.items()}
+    return out
+
+
+@pytest.fixture(scope="module")
+def overrides(tiny_corpus, reference_run, tmp_path_factory):
+    return lambda name, *extra: tiny_overrides(
+        tiny_corpus, tmp_path_factory.mktemp(name), "fl.batch_size=3", "model.dtype=float32",
+        "client.max_grad_norm=1.0", *extra)
+
+
+def test_a_lane_step_reads_nothing_back_and_equals_the_unsharded_step(overrides):
+    one = spawn(lane_worker, 1, overrides("one"), use_fake=True, timeout_s=240)[0]
+    lane = spawn(lane_worker, 2, overrides("lane", "model.shard=fsdp2",
+                                           "model.shard_group_size=2"), timeout_s=300)
+    for member in lane:
+        assert sorted(member["reads"]) == [1, 2]
+        for steps, (n, report) in member["reads"].items():
+            assert n == PER_CLIENT, report  # 0 per step, as the local step
+    for steps in (1, 2):
+        want = one[f"delta{steps}"]
+        for member in lane:
+            got = member[f"delta{steps}"]
+            assert got.keys() == want.keys()
+            # float32, summed in another order: the tolerance of test_lanes.py (REL_TOL)
+            a = torch.cat([want[k].double().reshape(-1) for k in sorted(want)])
+            b = torch.cat([got[k].double().reshape(-1) for k in sorted(want)])
+            assert float((a - b).norm() / a.norm()) <= 1e-5
