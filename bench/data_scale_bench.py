@@ -1,4 +1,4 @@
-"""Host memory and start-up of a round, on a corpus and on one with 10x the speakers (issue 47).
+"""Host memory and start-up of a round, on a corpus and on one with 10x the speakers.
 
     python bench/data_scale_bench.py [--speakers 60] [--utterances 20] [--factor 10]
 

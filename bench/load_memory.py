@@ -1,4 +1,4 @@
-"""Peak host memory of loading real checkpoints at real widths, per rank (issue 48, item 2).
+"""Peak host memory of loading real checkpoints at real widths, per rank.
 
     python bench/load_memory.py --work /tmp/cfl-load [--decoder-layers 1] [--cases all]
 

@@ -92,12 +92,3 @@ def pad_examples(examples: Sequence[Example], pad_value: float | None = None) ->
             "utterance_ids": [e.utterance_id for e in examples],
             "speakers": [e.speaker for e in examples],
             "languages": [e.language for e in examples]}
-
-
-def __getattr__(name: str) -> Any:
-    """``FeatureStore`` and ``FEATURE_VERSION`` moved to :mod:`cluster_fl.data.store`."""
-    if name in ("FeatureStore", "FEATURE_VERSION"):
-        from cluster_fl.data import store
-
-        return getattr(store, name)
-    raise AttributeError(f"module 'cluster_fl.data.features' has no attribute {name!r}")

@@ -1,4 +1,4 @@
-"""The budget a run keeps (issue 49): σ from ``privacy.target_epsilon``, ``privacy.max_epsilon``
+"""The budget a run keeps: σ from ``privacy.target_epsilon``, ``privacy.max_epsilon``
 checked before each round, and what a user must hear before a run starts.
 
 ε depends on the config and the rounds charged only -- never on clients' data -- so every rank

@@ -241,7 +241,7 @@ def submit(grid: Grid, specs: Sequence[RunSpec], cluster: str, train_fn: TrainFn
     else:
         units = [([s], GridTask(to_dict(s.config), train_fn)) for s in specs]
     executor = make_executor(grid, cluster)
-    if cluster == "slurm":  # features first, on CPUs, when a store is not full (issue 47)
+    if cluster == "slurm":  # features first, on CPUs, when a store is not full
         _after_features(grid, specs, executor)
     for spec in specs:  # the engine owns the folder; create it so logs have a home early
         run_folder(spec.config).parent.mkdir(parents=True, exist_ok=True)

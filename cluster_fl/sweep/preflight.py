@@ -264,7 +264,7 @@ def features_line(cfg: Config) -> str:
 @functools.lru_cache(maxsize=64)
 def _features_line(root: str, cache: str | None, n_mels: int, languages: tuple[str, ...],
                    splits: tuple[str, ...]) -> str:
-    from cluster_fl.data.features import FeatureStore
+    from cluster_fl.data.store import FeatureStore
     from cluster_fl.data.mls import find_shards
 
     if not Path(root).is_dir() or not n_mels:

@@ -103,7 +103,7 @@ def test_secure_run_ids_say_so_and_research_ids_do_not_move():
     assert run_id(resolved_config(None, ["privacy.clipping=flat", "fl.lr=1e-3", "privacy.delta=1e-5",
                                          "data.languages=[en,de]", *old])
                   ) == "whisper-tinyllama-tiny_unfrozen_flat_s0_c7b22315"
-    assert run_id(load_config(None, old[:1])) != run_id(load_config(None, old))
+    assert run_id(resolved_config(None, old[:1])) != run_id(resolved_config(None, old))
 
 
 def test_missing_language_opt_out_is_a_bookkeeping_key():

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from cluster_fl.data.features import FeatureStore, log_mel, pad_examples
+from cluster_fl.data.features import log_mel, pad_examples
+from cluster_fl.data.store import FeatureStore
 from cluster_fl.data.mls import load_utterances, partition_clients
 
 torch.set_num_threads(1)

@@ -88,7 +88,7 @@ def test_make_batches_gives_the_batches_it_gave_before_from_a_list_or_packed(bat
 
 
 def test_the_corpus_features_pack_and_pad_as_before(tiny_corpus, tmp_path):
-    from cluster_fl.data.features import FeatureStore
+    from cluster_fl.data.store import FeatureStore
 
     examples = FeatureStore(tiny_corpus, tmp_path, progress=False).split("test", ["en", "de"])
     assert all(e.features.dtype == torch.float16 for e in examples)

@@ -66,7 +66,7 @@ def test_an_undecodable_row_is_counted_per_client_for_the_operator_only(tiny_cor
         with warnings.catch_warnings(record=True) as seen:
             warnings.simplefilter("always")
             folder = run_training(cfg)
-        # a private run: the row's id goes to the operator log, not to stderr (issue 49)
+        # a private run: the row's id goes to the operator log, not to stderr
         assert not [str(w.message) for w in seen if bad in str(w.message)]
         skipped = json.loads(operator_path(folder, ".skipped.json").read_text())
         assert skipped["skipped"] == 1

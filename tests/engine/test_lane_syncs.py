@@ -1,4 +1,4 @@
-"""The lane step like the local step (issue 48, item 3): in an FSDP2 lane of two gloo ranks, a
+"""The lane step like the local step: in an FSDP2 lane of two gloo ranks, a
 client's local training reads nothing back from the device per step -- the token total comes
 from the transcripts on the host, the loss stays on the device, the gradients and the loss go
 in one all-reduce -- counted with tests/host_syncs.py as the local step is in
@@ -30,10 +30,11 @@ def lane_worker(comm: Any, overrides: list[str]) -> dict[str, Any]:
     from host_syncs import HostReads
 
     from cluster_fl.config import load_config
+    from cluster_fl.models.registry import resolve_shapes  # a test stands at the entrance
     from cluster_fl.engine import setup
 
     torch.set_num_threads(1)
-    world = setup.build_world(load_config(None, overrides), comm, lambda m: None)
+    world = setup.build_world(resolve_shapes(load_config(None, overrides)), comm, lambda m: None)
     runner = world.engine.runner
     client = world.engine.clients[1]
     data = client.load()

@@ -1,4 +1,4 @@
-"""The cluster rehearsal (issue 48, item 5), shared by its two tests: the path a user types --
+"""The cluster rehearsal, shared by its two tests: the path a user types --
 pre-flight (``grid --dry-run``), the training jobs (``grid --wait``), ``status``, ``table`` --
 each a fresh ``cluster-fl`` process, on
 

@@ -1,4 +1,4 @@
-"""The cluster rehearsal (issue 48, item 5) on local processes (``grid --cluster local``):
+"""The cluster rehearsal on local processes (``grid --cluster local``):
 pre-flight, training jobs at real widths (depth cut), ``status``, ``table``, through the CLI.
 The same rehearsal runs on a real one-node SLURM in tests/slurm/test_rehearsal.py."""
 

@@ -1,4 +1,4 @@
-"""The lean load path (issue 48, items 2 and 6): a real architecture is built on the meta device
+"""The lean load path: a real architecture is built on the meta device
 and its tensors are read from safetensors (``safe_open(...).get_slice``) straight into memory
 allocated once in the run's dtype, chunk by chunk -- never the Whisper decoder, never a whole
 tensor in the file's dtype beside its cast copy -- and equals Hugging Face's ``from_pretrained``.

@@ -1,4 +1,4 @@
-"""The cluster rehearsal (issue 48, item 5) on the one-node SLURM that ``.ci/run`` starts
+"""The cluster rehearsal on the one-node SLURM that ``.ci/run`` starts
 (launch/slurm-local-up.sh): pre-flight asks the real ``sinfo`` and ``sbatch --test-only``, the
 four real-width (one-layer) runs are one array job, then ``status`` and ``table``
 (tests/integration/rehearsal.py)."""

@@ -1,4 +1,4 @@
-"""Pre-flight (issue 48, item 1): nothing doomed reaches the queue. Each bad input is one line
+"""Pre-flight: nothing doomed reaches the queue. Each bad input is one line
 naming the cell and the key, the command exits 2 and nothing is submitted; a good grid's dry
 run prints each job's resources and estimates; SLURM is asked only for ``--cluster slurm``
 (stand-in ``sinfo``/``sbatch`` on PATH, tests/sweep/slurm_fakes.py; the real one in tests/slurm).
