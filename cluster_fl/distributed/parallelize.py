@@ -39,7 +39,7 @@ import torch.distributed as tdist
 from torch import nn
 
 from cluster_fl.errors import UserError
-from cluster_fl.precision import resolve_compile, resolve_dtype
+from cluster_fl.precision import run_precision
 
 
 
@@ -310,13 +310,16 @@ def lane_mesh(layout: LaneLayout, device: torch.device) -> Any:
 
 
 def parallelize(model: SpeechModel, model_cfg: Any, device: torch.device,
-                layout: LaneLayout | None = None) -> Placement:
+                layout: LaneLayout | None = None,
+                precision: tuple[torch.dtype, bool] | None = None) -> Placement:
     """Apply dtype, device, activation checkpointing, sharding and compilation to ``model`` (in
-    place, in that order) and return its :class:`Placement`. ``model_cfg`` is a ``ModelConfig``."""
+    place, in that order) and return its :class:`Placement`. ``model_cfg`` is a ``ModelConfig``;
+    ``precision`` the run's (dtype, compiled) as :func:`~cluster_fl.precision.run_precision`
+    derived it (derived here the same way when not given)."""
     layout = layout or LaneLayout(1, 1, 0)
     shard = model_cfg.shard if layout.group_size > 1 else "none"
-    compiled = resolve_compile(model_cfg.compile, device.type) and shard == "none"
-    dtype = resolve_dtype(model_cfg.dtype, device.type, compiled)
+    dtype, compiled = precision or run_precision(model_cfg.dtype, model_cfg.compile, device.type,
+                                                 sharded=shard != "none")
     apply_dtype(model, dtype)
     if shard == "none":
         if any(p.is_meta for p in model.parameters()):  # a skeleton, unsharded: read it whole,

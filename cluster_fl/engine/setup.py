@@ -30,6 +30,7 @@ from cluster_fl.errors import UserError
 from cluster_fl.groups import GroupSpec
 from cluster_fl.malloc import active_malloc
 from cluster_fl.models.registry import feature_shape
+from cluster_fl.precision import run_precision
 from cluster_fl.privacy.clipping import ClipPolicy
 from cluster_fl.seeding import derive_seed
 
@@ -280,13 +281,18 @@ def build_world(cfg: Config, comm: Comm, log: Callable[[str], None]) -> World:
     # so all ranks -- and a 1-rank run -- start from the same global state.
     torch.manual_seed(derive_seed(cfg.seed, "init"))
     layout = LaneLayout(comm.world_size, cfg.model.shard_group_size, comm.rank)
-    # a fresh connector follows the seed
-    model = build_model(cfg.model, meta=sharded_from_meta(cfg, layout), run_seed=cfg.seed)
-    # device, dtype policy, activation checkpointing and lane sharding, from outside the model
+    # device, dtype and compilation derived once (precision.run_precision): a skeleton is
+    # allocated in the dtype its lane runs in, never cast again
     device = resolve_device(cfg.run.device, comm.local_rank, comm.local_world_size)
+    precision = run_precision(cfg.model.dtype, cfg.model.compile, device.type,
+                              sharded=layout.group_size > 1 and cfg.model.shard != "none")
+    # a fresh connector follows the seed
+    model = build_model(cfg.model, meta=sharded_from_meta(cfg, layout), run_seed=cfg.seed,
+                        storage_dtype=precision[0])
+    # dtype policy, placement, activation checkpointing and lane sharding, from outside the model
     if layout.group_size > 1:  # the lane's collectives (mesh, shards) start once all have loaded
         comm.barrier(slow=True)
-    placement = parallelize(model, cfg.model, device, layout)
+    placement = parallelize(model, cfg.model, device, layout, precision)
     if comm.rank == 0:
         log(describe_init(cfg.model))  # random init is said out loud
     groups = trainable_groups(model)

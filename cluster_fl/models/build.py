@@ -128,8 +128,11 @@ def _assemble(spec: ArchSpec, enc_cfg, dec_cfg, tokenizer: Tokenizer,
 
 def build_base(model_cfg: ModelConfig, tokenizer: Tokenizer | None = None, *,
                meta: bool = False, weights: Any = None,
-               depth: tuple[int, int] | None = None) -> SpeechLLM:
+               depth: tuple[int, int] | None = None,
+               storage_dtype: torch.dtype | None = None) -> SpeechLLM:
     """The architecture without LoRA: random init (tiny) or pretrained weights (real).
+    ``storage_dtype``: the run's base dtype (``precision.run_precision``), which a skeleton is
+    allocated in; without it, ``model.dtype`` where the model would run by default.
 
     A real architecture is always built as a skeleton on the meta device at the dimensions of
     the local config.json, with ``model.weights`` -- the checkpoint's tensors by parameter name
@@ -157,7 +160,7 @@ def build_base(model_cfg: ModelConfig, tokenizer: Tokenizer | None = None, *,
         weights = (RandomWeights(int(torch.randint(0, 2 ** 31, ())))
                    if model_cfg.init == "random" else checkpoint_weights(spec, model_cfg))
     model.weights = weights
-    apply_storage_dtype(model, model_cfg)
+    apply_storage_dtype(model, model_cfg, storage_dtype)
     model.weights.check(model)
     if not meta:
         materialise(model, "cpu")
@@ -200,10 +203,11 @@ def _storage_dtype(model_cfg: ModelConfig) -> torch.dtype:
     return resolve_dtype(model_cfg.dtype, device, resolve_compile(model_cfg.compile, device))
 
 
-def apply_storage_dtype(model: nn.Module, model_cfg: ModelConfig) -> None:
+def apply_storage_dtype(model: nn.Module, model_cfg: ModelConfig,
+                        dtype: torch.dtype | None = None) -> None:
     """A meta skeleton's floating parameters in ``model.dtype`` (what ``from_pretrained(dtype=)``
     gives a loaded base), so a shard is allocated once in its final dtype."""
-    dtype = _storage_dtype(model_cfg)
+    dtype = dtype or _storage_dtype(model_cfg)
     for p in model.parameters():
         if p.is_meta and p.is_floating_point() and p.dtype != dtype:
             p.data = p.data.to(dtype)

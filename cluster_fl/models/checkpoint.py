@@ -107,18 +107,21 @@ def connector_seed(model_cfg: ModelConfig, run_seed: int | None) -> int:
 
 def build_model(model_cfg: ModelConfig, tokenizer: Tokenizer | None = None, *,
                 meta: bool = False, weights: Any = None,
-                depth: tuple[int, int] | None = None, run_seed: int | None = None) -> SpeechLLM:
+                depth: tuple[int, int] | None = None, run_seed: int | None = None,
+                storage_dtype: torch.dtype | None = None) -> SpeechLLM:
     """The model a run trains (:func:`_build_model`), its encoder input padded to the encoder's
-    window or not as ``model.pad_to_window`` says (:meth:`SpeechLLM.encode`)."""
+    window or not as ``model.pad_to_window`` says (:meth:`SpeechLLM.encode`); ``storage_dtype``:
+    see :func:`~cluster_fl.models.build.build_base`."""
     model = _build_model(model_cfg, tokenizer, meta=meta, weights=weights, depth=depth,
-                         run_seed=run_seed)
+                         run_seed=run_seed, storage_dtype=storage_dtype)
     model.pad_to_window = bool(getattr(model_cfg, "pad_to_window", False))
     return model
 
 
 def _build_model(model_cfg: ModelConfig, tokenizer: Tokenizer | None = None, *,
                  meta: bool = False, weights: Any = None,
-                 depth: tuple[int, int] | None = None, run_seed: int | None = None) -> SpeechLLM:
+                 depth: tuple[int, int] | None = None, run_seed: int | None = None,
+                 storage_dtype: torch.dtype | None = None) -> SpeechLLM:
     """The model a run trains: base (``model.checkpoint`` when given) plus LoRA from the config.
 
     A checkpoint that already carries LoRA (a federated checkpoint) must match the config's
@@ -140,7 +143,7 @@ def _build_model(model_cfg: ModelConfig, tokenizer: Tokenizer | None = None, *,
             return apply_lora(build_base(model_cfg, tokenizer, depth=depth), model_cfg)
         seed = int(torch.randint(0, 2 ** 62, (), dtype=torch.int64))
         model = apply_lora(build_base(model_cfg, tokenizer, meta=meta, weights=weights,
-                                      depth=depth), model_cfg)
+                                      depth=depth, storage_dtype=storage_dtype), model_cfg)
         init_new_weights(model, seed)
         return model
     meta = read_meta(model_cfg.checkpoint)
