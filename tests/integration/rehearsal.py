@@ -13,7 +13,7 @@ each a fresh ``cluster-fl`` process, on
   resources a one-node CPU cluster can give.
 
 ``tests/integration/test_rehearsal.py`` runs it on local processes (``slow``),
-``tests/slurm/test_rehearsal.py`` on the one-node SLURM of ``.ci/run`` (``slurm``).
+``tests/slurm/test_slurm_rehearsal.py`` on the one-node SLURM of ``.ci/run`` (``slurm``).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The cluster rehearsal on local processes (``grid --cluster local``):
 pre-flight, training jobs at real widths (depth cut), ``status``, ``table``, through the CLI.
-The same rehearsal runs on a real one-node SLURM in tests/slurm/test_rehearsal.py."""
+The same rehearsal runs on a real one-node SLURM in tests/slurm/test_slurm_rehearsal.py."""
 
 from __future__ import annotations
 
