@@ -48,7 +48,7 @@ class ShardedEvaluation:
     """The run's evaluation set (metadata) and how this rank takes part in decoding it."""
 
     def __init__(self, store: Any, utterances: Sequence[Any], layout: LaneLayout,
-                 batch_size: int, max_new_tokens: int, bootstrap: int, seed: int, *,
+                 batch_size: int, max_new_tokens: int | str, bootstrap: int, seed: int, *,
                  decode_cache: str = "auto"):
         self.store, self.utterances, self.layout = store, list(utterances), layout
         self.batch_size, self.max_new_tokens = batch_size, max_new_tokens  # an int or "auto"
@@ -65,8 +65,8 @@ class ShardedEvaluation:
         """(index, row) for every utterance of this lane's batches that has features."""
         from cluster_fl.eval import decode_budget, score_rows, transcribe
 
-        self.budget = self.max_new_tokens if self.max_new_tokens != "auto" else decode_budget(
-            "auto", model.tokenizer, [u.transcript for u in self.utterances])
+        self.budget = decode_budget(self.max_new_tokens, model.tokenizer,  # a number stays itself
+                                    [u.transcript for u in self.utterances])
         batches = self.my_batches()
         out: list[tuple[int, dict]] = []
         shown = self.layout.lane == 0 and self.layout.leader  # one bar: rank 0's
