@@ -291,7 +291,12 @@ def _after_features(grid: Grid, specs: Sequence[RunSpec], executor: Any) -> None
         features.update_parameters(**params)
         return features
 
-    job = submit_features(grid, specs, make)
+    try:
+        job = submit_features(grid, specs, make)
+    except (submitit.core.utils.FailedJobError, subprocess.CalledProcessError, OSError,
+            RuntimeError) as exc:
+        raise UserError(f"--cluster slurm: the features job's submission failed: "
+                        f"{_submission_reason(exc)}") from None
     if job is not None:
         extra = dict(executor_parameters(grid, "slurm")["slurm_additional_parameters"])
         executor.update_parameters(slurm_additional_parameters={**extra,
@@ -306,11 +311,16 @@ def _submit_array(executor: Any, tasks: list[Any], cluster: str) -> list[Any]:
         return executor.submit_array(tasks)
     except (submitit.core.utils.FailedJobError, subprocess.CalledProcessError, OSError,
             RuntimeError) as exc:
-        text = str(getattr(exc, "stderr", None) or exc)
-        lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-        reason = next((ln for ln in lines if "error" in ln.lower()), lines[0] if lines else
-                      type(exc).__name__)
-        raise UserError(f"--cluster {cluster}: the submission failed: {reason}") from None
+        raise UserError(f"--cluster {cluster}: the submission failed: "
+                        f"{_submission_reason(exc)}") from None
+
+
+def _submission_reason(exc: BaseException) -> str:
+    """sbatch's own error line out of a failed submission (else the first line)."""
+    text = str(getattr(exc, "stderr", None) or exc)
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return next((ln for ln in lines if "error" in ln.lower()), lines[0] if lines else
+                type(exc).__name__)
 
 
 def wait_for_runs(grid: Grid, specs: Sequence[RunSpec], jobs: Sequence[Any], cluster: str,

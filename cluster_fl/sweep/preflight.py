@@ -15,9 +15,9 @@ queued. What is checked:
   with a ``config.json``, safetensors weights and -- the decoder's -- a tokenizer, and the
   tensors' shapes agree with the architecture built from that config (read from the files'
   headers only, nothing is loaded);
-* **features**: the feature cache of each corpus is counted (complete, or how many shards the
-  runs will compute on first use). The features SLURM job is planned here once it exists
-  (:func:`features_line` is the hook);
+* **features**: the feature store of each corpus is counted (complete, or how many parts are
+  missing: :func:`features_line`); on SLURM the features array job that ``grid`` submits first
+  fills it, and its request is checked like the runs' (:func:`check_features_request`);
 * **SLURM** (``--cluster slurm`` only; ``local`` and ``debug`` never ask): ``sinfo`` answers,
   the partition exists, the request fits a node of it (CPUs, GPUs, memory, nodes), and
   ``sbatch --test-only`` with the grid's partition, account, QoS and resources accepts it.
@@ -253,29 +253,28 @@ def _shape_problems_cached(arch: str, encoder_path: str | None, decoder_path: st
 # --------------------------------------------------------------------------- features
 
 def features_line(cfg: Config) -> str:
-    """One line on the feature store of a (resolved) config: complete, or how many shards the
-    runs compute on first use. Hook: the features SLURM job, once it exists, plans itself here
-    and pre-flight refuses a store that is neither complete nor planned."""
-    return _features_line(str(Path(cfg.data.corpus).expanduser()), cfg.data.feature_cache,
-                          cfg.data.n_mels, tuple(cfg.data.languages),
-                          (cfg.data.client_split, cfg.data.eval_split))
+    """One line on the feature store of a (resolved) config: complete, or how many parts are
+    missing and who fills them (the features array job ``grid --cluster slurm`` submits first;
+    elsewhere ``cluster-fl features`` or the runs themselves, on first use)."""
+    return _features_line(cfg.data)
 
 
 @functools.lru_cache(maxsize=64)
-def _features_line(root: str, cache: str | None, n_mels: int, languages: tuple[str, ...],
-                   splits: tuple[str, ...]) -> str:
-    from cluster_fl.data.store import FeatureStore
-    from cluster_fl.data.mls import find_shards
+def _features_line(data: Any) -> str:
+    from cluster_fl.data.store import FeatureStore, config_speakers, config_splits
 
-    if not Path(root).is_dir() or not n_mels:
+    if not Path(data.corpus).expanduser().is_dir() or not data.n_mels:
         return "features: unknown (no corpus)"
-    store = FeatureStore(root, cache, n_mels, progress=False)
-    shards = find_shards(root, list(languages), list(dict.fromkeys(splits)))
-    cached = sum(store._cache_path(s.path).is_file() for s in shards)
-    if cached == len(shards):
-        return f"features: complete ({cached} shards, {store.cache_dir})"
-    return (f"features: {cached} of {len(shards)} shards cached ({store.cache_dir}); the runs "
-            "compute the rest on first use")
+    store = FeatureStore.from_config(data)
+    try:
+        missing = store.missing(config_splits(data), data.languages,
+                                config_speakers(store, data))
+    except UserError:
+        return f"features: unknown (the corpus cannot be read from here; {store.cache_dir})"
+    if missing == 0:
+        return f"features: complete ({store.cache_dir})"
+    return (f"features: {missing} part(s) missing ({store.cache_dir}); on SLURM the features "
+            "job fills them first, elsewhere `cluster-fl features` or the runs on first use")
 
 
 # --------------------------------------------------------------------------- SLURM
@@ -339,6 +338,24 @@ def check_slurm(grid: Grid) -> list[Problem]:
         key = ("resources.account" if "account" in low else "resources.qos" if "qos" in low
                else "resources.partition" if "partition" in low else "resources")
         return [Problem("grid", key, f"sbatch --test-only refuses the request: {message}")]
+    return check_features_request(grid)
+
+
+def check_features_request(grid: Grid) -> list[Problem]:
+    """The features array's request (the grid's ``features`` section), which ``grid`` submits
+    first when a store is not full: refused by ``sbatch --test-only`` -> one line naming it."""
+    f = grid.features
+    flags = ["--nodes=1", "--ntasks-per-node=1", f"--cpus-per-task={f.cpus_per_task}",
+             f"--time={f.time_min}", f"--mem={int(math.ceil(f.mem_gb * 1024))}M"]
+    for key in ("partition", "account", "qos", "constraint"):
+        if getattr(f, key):
+            flags.append(f"--{key}={getattr(f, key)}")
+    test = _slurm_run(["sbatch", "--test-only", *flags, "--wrap", "true"])
+    if isinstance(test, str):
+        return [Problem("grid", "--cluster slurm", test)]
+    if test.returncode != 0:
+        return [Problem("grid", "features", "sbatch --test-only refuses the features job's "
+                        f"request: {_first_error(test.stderr or test.stdout)}")]
     return []
 
 

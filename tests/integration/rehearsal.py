@@ -2,8 +2,9 @@
 pre-flight (``grid --dry-run``), the training jobs (``grid --wait``), ``status``, ``table`` --
 each a fresh ``cluster-fl`` process, on
 
-* a small corpus in the Parquet layout (the session's ``tiny_corpus``; the OpenSLR layout and
-  the features job come from another branch: :func:`prepare_corpus` is where they plug in);
+* a small corpus in the OpenSLR layout of real MLS (``mls_<language>/{train,dev,test}``, FLAC),
+  with paper.yaml's real split names (clients from ``train``, WER on ``test``); on SLURM the
+  features array job runs first and the training jobs wait for it (``afterok``);
 * Hugging Face folders written by ``save_pretrained`` at real widths with the depth cut to one
   layer a side: whisper-large-v3's encoder (1280 wide, 128 mel bins; its decoder in the file,
   never read) and TinyLlama-1.1B's decoder (2048 wide, GQA 32/4, vocabulary 32000), bf16 files
@@ -36,10 +37,16 @@ def cli(*args: str, timeout: float = 1200) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=timeout, cwd=REPO)
 
 
-def prepare_corpus(tiny_corpus: Path) -> Path:
-    """The corpus the rehearsal trains on. Hook: the OpenSLR layout and ``cluster-fl features``
-    (another branch) convert and featurise here before the grid is submitted."""
-    return tiny_corpus
+def prepare_corpus(root: Path) -> Path:
+    """The corpus the rehearsal trains on: OpenSLR folders for English, German and French,
+    two training speakers each (the clients), one dev and one test speaker."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from mls_layouts import write_openslr
+
+    for n, language in enumerate(("english", "german", "french")):
+        write_openslr(root, language, {"train": {f"{10 + 2 * n}": 3, f"{11 + 2 * n}": 3},
+                                       "dev": {f"{30 + n}": 2}, "test": {f"{40 + n}": 2}})
+    return root
 
 
 def write_checkpoints(root: Path) -> tuple[Path, Path]:
@@ -88,14 +95,16 @@ def write_grid(tmp: Path, corpus: Path, whisper: Path, llama: Path, experiment: 
     raw["resources"] = {"nodes": 1, "tasks_per_node": 1, "gpus_per_task": 0, "cpus_per_task": 1,
                         "mem_gb": 4, "time_min": 30, "array_parallelism": 2,
                         "signal_delay_s": 60}
+    raw["features"] = {"tasks": 1, "cpus_per_task": 1, "mem_gb": 2, "time_min": 30}
     path = tmp / f"{experiment}.yaml"
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
     return path
 
 
-def rehearse(tmp: Path, tiny_corpus: Path, cluster: str) -> None:
-    """Pre-flight -> jobs -> status -> table through the CLI; asserts each step's outcome."""
-    corpus = prepare_corpus(tiny_corpus)
+def rehearse(tmp: Path, cluster: str) -> None:
+    """Pre-flight -> (features job on SLURM) -> jobs -> status -> table through the CLI;
+    asserts each step's outcome."""
+    corpus = prepare_corpus(tmp / "mls")
     whisper, llama = write_checkpoints(tmp / "hf")
     grid = write_grid(tmp, corpus, whisper, llama, f"rehearsal-{cluster}")
     root = tmp / "results" / f"rehearsal-{cluster}"
@@ -116,6 +125,8 @@ def rehearse(tmp: Path, tiny_corpus: Path, cluster: str) -> None:
     run = cli("grid", grid, "--cluster", cluster, "--wait")
     assert run.returncode == 0, run.stdout + run.stderr
     assert f"submitted 4 runs to {cluster}" in run.stdout
+    if cluster == "slurm":  # the store was empty: its job first, the runs after it
+        assert "features: job " in run.stdout and "the runs wait for it" in run.stdout
 
     state = cli("status", grid)
     assert state.returncode == 0, state.stdout + state.stderr

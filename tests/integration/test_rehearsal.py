@@ -16,5 +16,5 @@ from rehearsal import rehearse  # noqa: E402
 pytestmark = pytest.mark.slow  # four real-width (one-layer) runs in fresh processes
 
 
-def test_the_rehearsal_on_local_processes(tmp_path, tiny_corpus):
-    rehearse(tmp_path, tiny_corpus, "local")
+def test_the_rehearsal_on_local_processes(tmp_path):
+    rehearse(tmp_path, "local")

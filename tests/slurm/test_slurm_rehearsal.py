@@ -17,5 +17,5 @@ from rehearsal import rehearse  # noqa: E402
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
 
 
-def test_the_rehearsal_on_slurm(tmp_path, tiny_corpus):
-    rehearse(tmp_path, tiny_corpus, "slurm")
+def test_the_rehearsal_on_slurm(tmp_path):
+    rehearse(tmp_path, "slurm")

@@ -3,6 +3,8 @@ store is not full, and the training array depends on it (afterok)."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import sys
 from pathlib import Path
 
@@ -20,6 +22,8 @@ from cluster_fl.sweep.gridspec import expand, load_grid  # noqa: E402
 class FakeJob:
     def __init__(self, job_id: str):
         self.job_id = job_id
+        self.paths = SimpleNamespace(stdout=Path(f"{job_id}_0_log.out"),
+                                     stderr=Path(f"{job_id}_0_log.err"))
 
 
 class FakeExecutor:
