@@ -155,9 +155,10 @@ class RunLedger:
         record = self.ledger.to_json()
         eps = record.get("epsilon")
         record["epsilon"] = eps if eps is None or math.isfinite(eps) else None
-        if self.dataset is not None:
-            record.update(epoch=self.epoch, dataset_ledger=self.dataset.path.name,
-                          dataset_epsilon=self.dataset_epsilon)
+        # the same keys in every record (null without a dataset ledger: a non-private run)
+        record.update(epoch=self.epoch if self.dataset is not None else None,
+                      dataset_ledger=self.dataset.path.name if self.dataset is not None else None,
+                      dataset_epsilon=self.dataset_epsilon)
         record.update(run_id=self.run_id, run_nonce=self.nonce, rounds_started=self.started,
                       state=self.ledger.state_dict())
         return record

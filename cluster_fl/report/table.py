@@ -163,10 +163,17 @@ def to_markdown(cells: Sequence[Cell]) -> str:
             "| " + " | ".join(["arch", "condition", "method", "ε", "δ", "guarantee"]
                               + [f"σ/{p}" for p in pools]) + " |",
             "|---|---|---|---|---|---|" + "---|" * len(pools)]
+    # fixed-size cohorts' ε is under replace-one, Poisson's under add/remove: marked, not alike
+    fixed = {id(c) for c in cells
+             if any(str(r.setting("fl", "sampling", "poisson")) == "fixed" for r in c.runs)}
     for c in cells:  # one cell per column: no empty trailing cell when no run has pools
-        out.append("| " + " | ".join([c.arch, c.condition, c.method, fmt(c.epsilon, 3),
+        eps = fmt(c.epsilon, 3) + ("†" if id(c) in fixed else "")
+        out.append("| " + " | ".join([c.arch, c.condition, c.method, eps,
                                       f"{c.delta:g}", c.guarantee]
                                      + [fmt(c.sigmas.get(p, math.nan)) for p in pools]) + " |")
+    if fixed:
+        out += ["", "† ε under replace-one (fixed-size cohorts of a public N); unmarked ε under "
+                    "add/remove one client (Poisson cohorts): the two are not comparable"]
     return "\n".join(out) + "\n"
 
 

@@ -246,3 +246,26 @@ def test_runs_from_different_starting_models_are_named_on_stderr(tmp_path, capsy
     err = capsys.readouterr().err
     assert "warning: the whisper-tinyllama-tiny runs start from 2 different models" in err
     assert "aaaaaaaaaaaa: 2 run(s)" in err and "bbbbbbbbbbbb: 1 run(s), e.g. uniform0" in err
+
+
+def test_fixed_size_epsilon_is_marked_as_replace_one_beside_poisson(tmp_path, capsys):
+    """Fixed-size (replace-one) and Poisson (add/remove) ε sat side by side labelled alike
+    (issue 49, item 12); a table of Poisson runs only is unchanged."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    write_run(tmp_path / "p", method="flat", epsilon=3.0)
+    fixed = write_run(tmp_path / "f", method="uniform", epsilon=4.0)
+    final = pq.read_table(fixed / "final.parquet").to_pylist()
+    final[0]["config_json"] = json.dumps({"fl": {"sampling": "fixed"}})
+    from fakes import write_table
+
+    write_table(fixed / "final.parquet", final)
+    assert main(["table", str(tmp_path), "--bootstrap", "20"]) == 0
+    out = capsys.readouterr().out
+    rows = {r["method"]: r for r in _privacy_rows(out)}
+    assert rows["uniform"]["ε"] == "4.000†" and rows["flat"]["ε"] == "3.000"
+    assert "† ε under replace-one" in out
+    assert main(["table", str(tmp_path / "p"), "--bootstrap", "20"]) == 0
+    assert "†" not in capsys.readouterr().out
