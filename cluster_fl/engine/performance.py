@@ -19,17 +19,20 @@ the folder releases noised.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-import torch
+if TYPE_CHECKING:  # torch is imported when a run measures, not when `train` starts (its stop
+    import torch  # handlers come first: tests/reliability/test_signals.py)
 
 # dense bf16 peak of a device, FLOP/s (vendor data sheets); None: unknown (CPUs, other GPUs)
 PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12,
               "V100": 125e12}
 
 
-def device_peak(device: torch.device | str) -> tuple[str, float | None]:
+def device_peak(device: "torch.device | str") -> tuple[str, float | None]:
     """(the device's name, its dense bf16 peak FLOP/s or None when not known)."""
+    import torch
+
     device = torch.device(device)
     if device.type != "cuda":
         return device.type, None

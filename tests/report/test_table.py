@@ -249,8 +249,8 @@ def test_runs_from_different_starting_models_are_named_on_stderr(tmp_path, capsy
 
 
 def test_fixed_size_epsilon_is_marked_as_replace_one_beside_poisson(tmp_path, capsys):
-    """Fixed-size (replace-one) and Poisson (add/remove) ε sat side by side labelled alike
-    (issue 49, item 12); a table of Poisson runs only is unchanged."""
+    """Fixed-size (replace-one) and Poisson (add/remove) ε sat side by side labelled alike;
+    now the fixed-size ones are marked. A table of Poisson runs only is unchanged."""
     import json
 
     import pyarrow.parquet as pq
