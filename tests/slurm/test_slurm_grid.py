@@ -61,7 +61,8 @@ def test_grid_is_one_array_job_that_finishes_and_resubmission_submits_nothing(tm
     assert not failures(first.stdout), first.stdout
     job = job_of(first.stdout)
     assert final_accounting(job) == {f"{job}_0": "COMPLETED", f"{job}_1": "COMPLETED"}  # one array job
-    script = next((out / "slurm-ci" / ".grid" / "submitit").rglob("*_submission.sh")).read_text()
+    # the runs' array (the features job, submitted first, has its own script beside it)
+    script = (out / "slurm-ci" / ".grid" / "logs" / f"{job}_submission.sh").read_text()
     for flag in ("--array=0-1%2", "--cpus-per-task=1", "--mem=3GB", "--time=15", "--signal=USR2@60",
                  "--requeue"):
         assert f"#SBATCH {flag}" in script, flag
@@ -128,7 +129,8 @@ def test_a_cancelled_task_is_reported_failed_with_the_reason_from_its_log(tmp_pa
     assert cancelled not in slurm("squeue", "-h", "-r", "-o", "%i")
     report = cli("status", GRID, "--out", out)
     assert f"failed {SPLIT}: job {cancelled} CANCELLED" in report.stdout, report.stdout
-    dry = cli("grid", GRID, "--cluster", "slurm", "--out", out, "--dry-run")
+    dry = cli("grid", GRID, "--cluster", "slurm", "--out", out, "--set", f"data.corpus={tiny_corpus}",
+              "--dry-run")  # pre-flight checks the corpus: the one the runs used
     assert f"would submit {SPLIT}" in dry.stdout and dry.stdout.count("would submit") == 1, dry.stdout
 
 
