@@ -44,6 +44,7 @@ from cluster_fl.data.features import HOP, N_FFT, SAMPLE_RATE, Example, log_mel
 from cluster_fl.data.mls import (Client, Shard, Utterance, file_sha256, find_shards,
                                  openslr_audio, read_audio_file, read_shard, report_problem)
 from cluster_fl.errors import UserError
+from cluster_fl.progress import progress
 
 # 3: one part per (speaker, unit) and an index per shard (2: one file per shard, keyed by the
 # shard's content hash; 1: keyed by path). Older caches are not read and can be deleted.
@@ -518,12 +519,10 @@ def build_features(data_cfg: Any, part: int = 0, parts: int = 1,
     only = config_speakers(store, data_cfg)
     work = store.work(splits, data_cfg.languages, only)
     mine = work[part::parts]
-    start, computed = time.monotonic(), 0
-    for i, (shard, speaker) in enumerate(mine):
+    computed = 0
+    # a bar on a terminal, a plain line every 30 s in a job log (cluster_fl.progress)
+    for shard, speaker in progress(mine, desc="features", unit="item", enabled=log is not None):
         computed += store.build(shard, speaker, only.get(shard.split))
-        if log is not None and time.monotonic() - start > 10 and i + 1 < len(mine):
-            log(f"{i + 1}/{len(mine)} items, {computed} part(s) computed")
-            start = time.monotonic()
     return {"store": str(store.cache_dir), "splits": splits, "items": len(mine),
             "of": len(work), "computed": computed, "unusable": len(store.errors),
             "missing": store.missing(splits, data_cfg.languages, only) if parts == 1 else None}

@@ -116,6 +116,21 @@ def test_features_command_resumes_after_a_crash(tmp_path, monkeypatch, capsys):
     assert f" {8 - len(written)} part(s) computed" in out
 
 
+def test_the_features_command_shows_its_progress_over_its_share_of_the_work(tmp_path,
+                                                                           monkeypatch):
+    corpus = write_openslr(tmp_path / "corpus", "german", SPLITS)
+    cfg = _config(tmp_path, corpus)
+    seen = []
+
+    def spy(items, **kw):  # cluster_fl.progress.progress: a bar on a terminal, lines in a log
+        seen.append((len(items), kw.get("desc"), kw.get("enabled")))
+        yield from items
+
+    monkeypatch.setattr(store_module, "progress", spy)
+    assert main(["features", str(cfg), "--part", "1/2"]) == 0
+    assert len(seen) == 1 and seen[0][1:] == ("features", True) and seen[0][0] > 0
+
+
 def test_features_of_a_grid_fill_each_distinct_store_once(tmp_path, capsys):
     corpus = write_hf_parquet(tmp_path / "corpus", "german", SPLITS)
     grid = tmp_path / "grid.yaml"
