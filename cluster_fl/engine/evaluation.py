@@ -65,8 +65,9 @@ class ShardedEvaluation:
         """(index, row) for every utterance of this lane's batches that has features."""
         from cluster_fl.eval import decode_budget, score_rows, transcribe
 
-        self.budget = decode_budget(self.max_new_tokens, model.tokenizer,  # a number stays itself
-                                    [u.transcript for u in self.utterances])
+        mnt = self.max_new_tokens
+        self.budget = int(mnt) if mnt != "auto" else decode_budget(
+            "auto", model.tokenizer, [u.transcript for u in self.utterances])
         batches = self.my_batches()
         out: list[tuple[int, dict]] = []
         shown = self.layout.lane == 0 and self.layout.leader  # one bar: rank 0's
