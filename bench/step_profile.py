@@ -71,7 +71,10 @@ VARIANTS = {"before (ef1e172 defaults)": (BASELINE_COMMIT, [], SYSTEM_MALLOC),
             # the per-client tail before it was vectorised over a block (2026-12-04)
             "defaults, per-client tail (8a49e88)": ("8a49e88", []),
             "K=24, per-client tail (8a49e88)": ("8a49e88", ["fl.clients_per_step=24"]),
-            "defaults, K=24": (None, ["fl.clients_per_step=24"])}
+            "defaults, K=24": (None, ["fl.clients_per_step=24"]),
+            # the round path before the cluster-day work (trackers, progress, on-demand client
+            # features, key encryption, the budget): 2026-12-07
+            "defaults, before 2026-12-07 (424c9e4)": ("424c9e4", [])}
 
 MATRIX = ("aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm", "aten::mkldnn_convolution",
           "aten::convolution_backward", "aten::_convolution", "aten::mkldnn_linear",

@@ -485,6 +485,18 @@ class FeatureStore:
 
 
 
+def config_missing(data_cfg: Any) -> int:
+    """The store parts a run of ``data_cfg`` reads that its store lacks (:meth:`FeatureStore.
+    missing` over :func:`config_splits` and :func:`config_speakers`); -1 when the corpus is not
+    readable here. What ``grid`` asks before it plans the features job, and pre-flight reports."""
+    store = FeatureStore.from_config(data_cfg)
+    try:
+        return store.missing(config_splits(data_cfg), data_cfg.languages,
+                             config_speakers(store, data_cfg))
+    except UserError:
+        return -1
+
+
 def config_splits(data_cfg: Any) -> list[str]:
     """The splits a run of ``data_cfg`` reads: its clients' and its evaluation's."""
     return list(dict.fromkeys([data_cfg.client_split, data_cfg.eval_split]))

@@ -59,20 +59,11 @@ def features_resources(raw: Mapping[str, Any] | None) -> FeaturesResources:
 def stores_to_fill(specs: Sequence[Any]) -> list[Any]:
     """The distinct data settings of ``specs`` whose store lacks a part (or cannot be checked
     from here: the corpus is not readable on the submitting host)."""
-    from cluster_fl.data.store import FeatureStore, config_speakers, config_splits
-    from cluster_fl.errors import UserError
+    from cluster_fl.data.store import config_missing
 
-    out = []
-    for data in dict.fromkeys(spec.config.data for spec in specs):
-        store = FeatureStore.from_config(data)
-        try:
-            missing = store.missing(config_splits(data), data.languages,
-                                    config_speakers(store, data))
-        except UserError:  # the corpus is not readable from here: the job will see
-            missing = -1
-        if missing != 0:
-            out.append(data)
-    return out
+    # -1 (the corpus is not readable from here) counts as lacking: the job will see
+    return [data for data in dict.fromkeys(spec.config.data for spec in specs)
+            if config_missing(data) != 0]
 
 
 class FeaturesTask:

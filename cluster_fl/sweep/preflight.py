@@ -36,6 +36,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from cluster_fl.config import Config, ConfigError
 from cluster_fl.errors import UserError, short_reason
+from cluster_fl.sweep.features_job import stores_to_fill
 from cluster_fl.sweep.gridspec import Grid, RunSpec, expand
 
 # what grid files and presets write where a user has to fill something in
@@ -261,19 +262,16 @@ def features_line(cfg: Config) -> str:
 
 @functools.lru_cache(maxsize=64)
 def _features_line(data: Any) -> str:
-    from cluster_fl.data.store import FeatureStore, config_speakers, config_splits
+    from cluster_fl.data.store import FeatureStore, config_missing
 
     if not Path(data.corpus).expanduser().is_dir() or not data.n_mels:
         return "features: unknown (no corpus)"
-    store = FeatureStore.from_config(data)
-    try:
-        missing = store.missing(config_splits(data), data.languages,
-                                config_speakers(store, data))
-    except UserError:
-        return f"features: unknown (the corpus cannot be read from here; {store.cache_dir})"
+    where, missing = FeatureStore.from_config(data).cache_dir, config_missing(data)
+    if missing < 0:
+        return f"features: unknown (the corpus cannot be read from here; {where})"
     if missing == 0:
-        return f"features: complete ({store.cache_dir})"
-    return (f"features: {missing} part(s) missing ({store.cache_dir}); on SLURM the features "
+        return f"features: complete ({where})"
+    return (f"features: {missing} part(s) missing ({where}); on SLURM the features "
             "job fills them first, elsewhere `cluster-fl features` or the runs on first use")
 
 
@@ -329,43 +327,54 @@ def check_slurm(grid: Grid) -> list[Problem]:
         problems.append(Problem("grid", "--cluster slurm", "sinfo cannot list the nodes"))
     if problems:
         return problems
-    test = _slurm_run(["sbatch", "--test-only", *sbatch_flags(grid), "--wrap", "true"])
-    if isinstance(test, str):
-        return [Problem("grid", "--cluster slurm", test)]
-    if test.returncode != 0:
-        message = _first_error(test.stderr or test.stdout)
-        low = message.lower()
+    refused = _test_only(sbatch_flags(grid))
+    if refused is not None and refused[0] == "":
+        return [Problem("grid", "--cluster slurm", refused[1])]
+    if refused is not None:
+        low = refused[1].lower()
         key = ("resources.account" if "account" in low else "resources.qos" if "qos" in low
                else "resources.partition" if "partition" in low else "resources")
-        return [Problem("grid", key, f"sbatch --test-only refuses the request: {message}")]
-    return check_features_request(grid)
+        return [Problem("grid", key, f"sbatch --test-only refuses the request: {refused[1]}")]
+    return []
 
 
 def check_features_request(grid: Grid) -> list[Problem]:
     """The features array's request (the grid's ``features`` section), which ``grid`` submits
     first when a store is not full: refused by ``sbatch --test-only`` -> one line naming it."""
-    f = grid.features
-    flags = ["--nodes=1", "--ntasks-per-node=1", f"--cpus-per-task={f.cpus_per_task}",
-             f"--time={f.time_min}", f"--mem={int(math.ceil(f.mem_gb * 1024))}M"]
-    for key in ("partition", "account", "qos", "constraint"):
-        if getattr(f, key):
-            flags.append(f"--{key}={getattr(f, key)}")
+    refused = _test_only(request_flags(grid.features, nodes=1, tasks_per_node=1))
+    if refused is not None and refused[0] == "":
+        return [Problem("grid", "--cluster slurm", refused[1])]
+    if refused is not None:
+        return [Problem("grid", "features", "sbatch --test-only refuses the features job's "
+                        f"request: {refused[1]}")]
+    return []
+
+
+def _test_only(flags: list[str]) -> tuple[str, str] | None:
+    """None when ``sbatch --test-only`` accepts the request; else ("", why sbatch could not be
+    asked) or ("refused", sbatch's own error line)."""
     test = _slurm_run(["sbatch", "--test-only", *flags, "--wrap", "true"])
     if isinstance(test, str):
-        return [Problem("grid", "--cluster slurm", test)]
+        return "", test
     if test.returncode != 0:
-        return [Problem("grid", "features", "sbatch --test-only refuses the features job's "
-                        f"request: {_first_error(test.stderr or test.stdout)}")]
-    return []
+        return "refused", _first_error(test.stderr or test.stdout)
+    return None
 
 
 def sbatch_flags(grid: Grid) -> list[str]:
     """The request of one task as ``sbatch`` options (what submitit asks for)."""
     r = grid.resources
-    flags = [f"--nodes={r.nodes}", f"--ntasks-per-node={r.tasks_per_node}",
+    return request_flags(r, nodes=r.nodes, tasks_per_node=r.tasks_per_node,
+                         gpus_per_node=r.gpus_per_task * r.tasks_per_node)
+
+
+def request_flags(r: Any, nodes: int, tasks_per_node: int, gpus_per_node: int = 0) -> list[str]:
+    """``sbatch`` options of a request: ``r`` has ``cpus_per_task``, ``time_min``, ``mem_gb``
+    and the scheduler keys (``partition``, ``account``, ``qos``, ``constraint``)."""
+    flags = [f"--nodes={nodes}", f"--ntasks-per-node={tasks_per_node}",
              f"--cpus-per-task={r.cpus_per_task}", f"--time={r.time_min}"]
-    if r.gpus_per_task:
-        flags.append(f"--gpus-per-node={r.gpus_per_task * r.tasks_per_node}")
+    if gpus_per_node:
+        flags.append(f"--gpus-per-node={gpus_per_node}")
     if r.mem_gb is not None:
         flags.append(f"--mem={int(math.ceil(r.mem_gb * 1024))}M")
     for key in ("partition", "account", "qos", "constraint"):
@@ -385,6 +394,8 @@ def preflight(grid: Grid, specs: Sequence[RunSpec], cluster: str, *, inputs: boo
         found += check_inputs(specs)
     if cluster == "slurm" and specs:
         found += check_slurm(grid)
+        if not found and stores_to_fill(specs):  # the features job goes first: it must fit too
+            found += check_features_request(grid)
     if found:
         raise PreflightFailed(found)
 
