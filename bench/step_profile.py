@@ -102,7 +102,13 @@ def _config(overrides: list[str], config_file: Path | None = None):
         # cluster_config predates the fix that sets them: bench/peers/common.py local_epochs)
         epochs = -(-WORK.local_steps * WORK.batch_size // WORK.utterances)
         overrides = [f"fl.local_epochs={epochs}", *overrides]
-    return override(cfg, dict(config.parse_override(o) for o in overrides))
+    cfg = override(cfg, dict(config.parse_override(o) for o in overrides))
+    try:  # a benchmark is a run's entrance: the model fixes data.n_mels (after the overrides,
+        # which may change the model); a --tree baseline from before resolve_shapes resolves itself
+        from cluster_fl.models.registry import resolve_shapes
+    except ImportError:
+        return cfg
+    return resolve_shapes(cfg)
 
 
 # --------------------------------------------------------------------------- core rates
