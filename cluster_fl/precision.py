@@ -56,13 +56,13 @@ def resolve_compile(spec: bool | str, device_type: str) -> bool:
     return device_type == "cuda" or cpu_has_fast_bf16()
 
 
-def run_precision(dtype: str, compile: bool | str, device_type: str, sharded: bool = False
+def run_precision(dtype: str, compile: bool | str, device_type: str
                   ) -> tuple[torch.dtype, bool]:
     """(the frozen base's dtype, whether the step is compiled) of a run: ``model.dtype`` and
-    ``model.compile`` on its device, a sharded lane never compiled. Derived once on a run's path
-    (``engine.setup.build_world``) and handed to the model build -- a skeleton is allocated in it
-    -- and to :func:`~cluster_fl.distributed.parallelize.parallelize`, so the two never disagree."""
-    compiled = resolve_compile(compile, device_type) and not sharded
+    ``model.compile`` on its device (a sharded lane as an unsharded rank). Derived once on a
+    run's path (``engine.setup.build_world``) and handed to the model build -- a skeleton is
+    allocated in it -- and to :func:`~cluster_fl.distributed.parallelize.parallelize`, so the two never disagree."""
+    compiled = resolve_compile(compile, device_type)
     return resolve_dtype(dtype, device_type, compiled), compiled
 
 

@@ -318,8 +318,7 @@ def parallelize(model: SpeechModel, model_cfg: Any, device: torch.device,
     derived it (derived here the same way when not given)."""
     layout = layout or LaneLayout(1, 1, 0)
     shard = model_cfg.shard if layout.group_size > 1 else "none"
-    dtype, compiled = precision or run_precision(model_cfg.dtype, model_cfg.compile, device.type,
-                                                 sharded=shard != "none")
+    dtype, compiled = precision or run_precision(model_cfg.dtype, model_cfg.compile, device.type)
     apply_dtype(model, dtype)
     if shard == "none":
         if any(p.is_meta for p in model.parameters()):  # a skeleton, unsharded: read it whole,
@@ -364,9 +363,16 @@ def apply_compile(model: nn.Module, placement: Placement) -> int:
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
     # sizes that happen to be equal in the first batch must not become one symbol
     fx_config.use_duck_shape = False
+    # a layer's Python floats (attention scaling, LoRA scaling, dropout, norm epsilon) are
+    # constants; as symbols each became a float64 tensor made on the host at every call
+    # (30 a step of the tiny model, counted by tests/host_syncs.py)
+    torch._dynamo.config.specialize_float = True
     layers = _layers(model)
     for layer in layers:
-        layer.compile(dynamic=True)
+        # the layer's forward, not its __call__: module hooks -- FSDP2's gathers and frees in a
+        # sharded lane -- stay eager around the compiled graph (torchtitan's arrangement, without
+        # a wrapper module that would rename the parameters)
+        layer.forward = torch.compile(layer.forward, dynamic=True)
     placement.buckets = STEP_BUCKETS
     placement.compiled_layers = len(layers)
     return len(layers)

@@ -284,8 +284,7 @@ def build_world(cfg: Config, comm: Comm, log: Callable[[str], None]) -> World:
     # device, dtype and compilation derived once (precision.run_precision): a skeleton is
     # allocated in the dtype its lane runs in, never cast again
     device = resolve_device(cfg.run.device, comm.local_rank, comm.local_world_size)
-    precision = run_precision(cfg.model.dtype, cfg.model.compile, device.type,
-                              sharded=layout.group_size > 1 and cfg.model.shard != "none")
+    precision = run_precision(cfg.model.dtype, cfg.model.compile, device.type)
     # a fresh connector follows the seed
     model = build_model(cfg.model, meta=sharded_from_meta(cfg, layout), run_seed=cfg.seed,
                         storage_dtype=precision[0])

@@ -282,7 +282,10 @@ class SpeechLLM(nn.Module):
         # at its end as it would alone, whatever value the collator padded with.
         x = nn.functional.gelu(enc.conv1(features * masks.frames.to(features.dtype)))
         x = x * masks.frames.to(x.dtype)
-        x = nn.functional.gelu(enc.conv2(x)).permute(0, 2, 1)
+        # (B, T', d) in row-major order: the transposed view would reach the layers with strides
+        # (T'd, 1, T'), with which a compiled layer's input gradient of a one-row batch is wrong
+        # (torch 2.13, inductor on CPU; tests/engine/test_compiled_step.py)
+        x = nn.functional.gelu(enc.conv2(x)).permute(0, 2, 1).contiguous()
         x = x + enc.embed_positions.weight.index_select(0, masks.positions).to(x.dtype)
         x = nn.functional.dropout(x, p=enc.dropout, training=self.training)
         mask = masks.attention.to(x.dtype)  # in the activations' dtype: no fp32 (B,H,T,T) sum
@@ -304,7 +307,7 @@ class SpeechLLM(nn.Module):
         x = torch.where(keep, features, floor)
         x = torch.cat([x, floor.expand(-1, x.shape[1], max_frames - x.shape[-1])], dim=-1)
         x = nn.functional.gelu(enc.conv1(x))
-        x = nn.functional.gelu(enc.conv2(x)).permute(0, 2, 1)
+        x = nn.functional.gelu(enc.conv2(x)).permute(0, 2, 1).contiguous()  # as in encode
         x = x + enc.embed_positions.weight.to(x.dtype)
         x = nn.functional.dropout(x, p=enc.dropout, training=self.training)
         for layer in enc.layers:

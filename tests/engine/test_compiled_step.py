@@ -83,3 +83,34 @@ def test_a_compiled_block_of_clients_equals_the_eager_block(worlds, state):
     for x, y in zip(a, b):
         assert x.steps == y.steps
         assert _rel(x.delta, y.delta) < REL_TOL, x.client
+
+
+@pytest.fixture(scope="module")
+def one_row_worlds(tiny_corpus, reference_run, tmp_path_factory):
+    out = tmp_path_factory.mktemp("compiled_one_row")
+    return (_world(tiny_corpus, out / "eager", "model.compile=false", "fl.batch_size=1"),
+            _world(tiny_corpus, out / "compiled", "model.compile=true", "fl.batch_size=1"))
+
+
+def test_one_row_steps_train_as_the_eager_step_and_read_nothing_back(one_row_worlds, state,
+                                                                     monkeypatch):
+    """Batches of one utterance (a client's odd last batch, ``fl.batch_size: 1``, a lane
+    member's share) run graphs specialised to one row. The encoder's input once reached them as
+    the transposed view of the convolutions' output, and inductor then got the layers' input
+    gradient wrong (1-2% on the encoder's LoRA updates; eager within 1e-6 of float64). And a
+    compiled step reads nothing back per step: the layers' Python floats are constants, not a
+    float64 tensor made on the host each call (tests/host_syncs.py)."""
+    from host_syncs import HostReads
+
+    eager, compiled = one_row_worlds
+    for c in range(2):
+        items = compiled.engine.clients[c].load()
+        a = eager.engine.runner.train(c, items, state, 1)
+        b = compiled.engine.runner.train(c, items, state, 1)  # compiles (and warms) the graphs
+        assert a.steps == b.steps > 1
+        assert _rel(a.delta, b.delta) < REL_TOL, c
+    items = compiled.engine.clients[1].load()
+    reads = HostReads(monkeypatch)
+    update = compiled.engine.runner.train(1, items, state, 1)
+    assert update.steps > 1
+    assert reads.n == 1, reads.report()  # the client's one read of its loss, as eagerly

@@ -1,4 +1,4 @@
-"""The lane step like the local step: in an FSDP2 lane of two gloo ranks, a
+"""The lane step like the local step: in an FSDP2 lane of two gloo ranks, eager or compiled, a
 client's local training reads nothing back from the device per step -- the token total comes
 from the transcripts on the host, the loss stays on the device, the gradients and the loss go
 in one all-reduce -- counted with tests/host_syncs.py as the local step is in
@@ -23,8 +23,10 @@ from cluster_fl.distributed import spawn  # noqa: E402
 PER_CLIENT = 1  # the one read of a client's pass over its data (test_host_syncs.py)
 
 
-def lane_worker(comm: Any, overrides: list[str]) -> dict[str, Any]:
-    """Build the run's world, train client 1 for 1 and 2 steps under HostReads."""
+def lane_worker(comm: Any, overrides: list[str], perturb: bool = False) -> dict[str, Any]:
+    """Build the run's world, train client 1 for 1 and 2 steps under HostReads (from the initial
+    state, or with ``perturb`` from one away from init, where every group's gradient is
+    nonzero)."""
     import pytest as _pytest
 
     from host_syncs import HostReads
@@ -40,12 +42,16 @@ def lane_worker(comm: Any, overrides: list[str]) -> dict[str, Any]:
     data = client.load()
     out: dict[str, Any] = {"reads": {}}
     saved = runner.fl
+    state = world.initial_state
+    if perturb:
+        g = torch.Generator().manual_seed(1)
+        state = {k: v + 0.05 * torch.randn(v.shape, generator=g) for k, v in state.items()}
     for steps in (1, 2):
         runner.fl = dataclasses.replace(saved, max_local_steps=steps)
-        runner.train(client.index, data, world.initial_state, 1)  # warm first-call caches
+        runner.train(client.index, data, state, 1)  # warm first-call caches
         with _pytest.MonkeyPatch.context() as m:
             reads = HostReads(m)
-            update = runner.train(client.index, data, world.initial_state, 1)
+            update = runner.train(client.index, data, state, 1)
         out["reads"][update.steps] = (reads.n, reads.report())
         out[f"delta{steps}"] = {k: v.detach().clone() for k, v in update.delta.items()}
     return out
@@ -75,3 +81,30 @@ def test_a_lane_step_reads_nothing_back_and_equals_the_unsharded_step(overrides)
             a = torch.cat([want[k].double().reshape(-1) for k in sorted(want)])
             b = torch.cat([got[k].double().reshape(-1) for k in sorted(want)])
             assert float((a - b).norm() / a.norm()) <= 1e-5
+
+
+def _rel(want: dict, got: dict) -> float:
+    a = torch.cat([want[k].double().reshape(-1) for k in sorted(want)])
+    b = torch.cat([got[k].double().reshape(-1) for k in sorted(want)])
+    return float((a - b).norm() / a.norm())
+
+
+@pytest.mark.slow  # inductor compiles the layers in both ranks (~1 min on 2 cores, warm cache)
+def test_a_compiled_lane_step_reads_nothing_back_and_equals_the_eager_lane(overrides):
+    """``model.compile`` in a lane: the layers' forwards are compiled and FSDP2's hooks stay
+    eager around them (distributed.parallelize.apply_compile), so a step reads nothing back, and
+    the update equals the eager lane's within the compiled step's float32 tolerance
+    (test_compiled_step.py's REL_TOL), from a state away from init. A member's share of a batch
+    of 3 is 2 rows or 1, so the graphs specialised to one row are in it."""
+    lane = ("model.shard=fsdp2", "model.shard_group_size=2")
+    eager = spawn(lane_worker, 2, overrides("eager", *lane, "model.compile=false"), True,
+                  timeout_s=300)
+    # a rank may wait at a gather while the other compiles a graph: gloo waits longer
+    compiled = spawn(lane_worker, 2, overrides("compiled", *lane, "model.compile=true"), True,
+                     timeout_s=900, comm_timeout_s=600)
+    for member in compiled:
+        for steps, (n, report) in member["reads"].items():
+            assert n == PER_CLIENT, report
+    for steps in (1, 2):
+        for member in compiled:
+            assert _rel(eager[0][f"delta{steps}"], member[f"delta{steps}"]) < 1e-4

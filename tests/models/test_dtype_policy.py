@@ -115,20 +115,20 @@ def test_a_round_trains_from_a_half_precision_checkpoint(checkpoints, tiny_corpu
 def test_the_runs_precision_is_derived_once_and_a_skeleton_is_allocated_in_it(checkpoints,
                                                                               monkeypatch):
     """``model.dtype``/``model.compile`` are derived once on a run's path
-    (``precision.run_precision``) and handed to the build and to ``parallelize``: a sharded lane
-    on a fast-bf16 CPU runs eager fp32, and its skeleton is allocated in fp32 -- the build's own
-    guess (compiled, so bf16) would read an fp32 checkpoint through bf16 and cast it back."""
+    (``precision.run_precision``) and handed to the build and to ``parallelize``: an eager run
+    (``model.compile: false``) on a fast-bf16 CPU runs fp32, and its skeleton is allocated in
+    fp32 -- the build's own guess (compiled, so bf16) would read an fp32 checkpoint through bf16
+    and cast it back. A sharded lane compiles as an unsharded rank does."""
     import cluster_fl.precision as precision
     from cluster_fl.precision import run_precision
 
     monkeypatch.setattr(precision, "cpu_has_fast_bf16", lambda: True)
     monkeypatch.delenv("CLUSTER_FL_COMPILE", raising=False)
-    assert run_precision("auto", "auto", "cpu", sharded=False) == (torch.bfloat16, True)
-    assert run_precision("auto", "auto", "cpu", sharded=True) == (torch.float32, False)
+    assert run_precision("auto", "auto", "cpu") == (torch.bfloat16, True)
+    assert run_precision("auto", False, "cpu") == (torch.float32, False)
     assert run_precision("float16", False, "cpu") == (torch.float16, False)
     cfg = _cfg(checkpoints["fp32"], "auto")
-    lane = build_model(cfg, meta=True, storage_dtype=run_precision("auto", "auto", "cpu",
-                                                                    sharded=True)[0])
+    lane = build_model(cfg, meta=True, storage_dtype=run_precision("auto", False, "cpu")[0])
     guessed = build_model(cfg, meta=True)
     frozen = [n for n, p in lane.named_parameters() if p.is_meta]
     assert frozen
