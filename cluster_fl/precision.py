@@ -61,7 +61,8 @@ def run_precision(dtype: str, compile: bool | str, device_type: str
     """(the frozen base's dtype, whether the step is compiled) of a run: ``model.dtype`` and
     ``model.compile`` on its device (a sharded lane as an unsharded rank). Derived once on a
     run's path (``engine.setup.build_world``) and handed to the model build -- a skeleton is
-    allocated in it -- and to :func:`~cluster_fl.distributed.parallelize.parallelize`, so the two never disagree."""
+    allocated in it -- and to :func:`~cluster_fl.distributed.parallelize.parallelize`, so the
+    two never disagree."""
     compiled = resolve_compile(compile, device_type)
     return resolve_dtype(dtype, device_type, compiled), compiled
 
