@@ -58,6 +58,7 @@ BASELINE_COMMIT = "ef1e172"  # main before the CPU-throughput work: fp32, eager,
 # jemalloc or tcmalloc when installed) unless its environment sets CLUSTER_FL_MALLOC=system; the
 # baseline predates that and runs on glibc's, as it did.
 SYSTEM_MALLOC = {"CLUSTER_FL_MALLOC": "system"}
+AVX2 = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 VARIANTS = {"before (ef1e172 defaults)": (BASELINE_COMMIT, [], SYSTEM_MALLOC),
             "fp32, eager": (None, ["model.dtype=float32", "model.compile=false"]),
             "bf16, eager": (None, ["model.dtype=bfloat16", "model.compile=false"]),
@@ -74,7 +75,16 @@ VARIANTS = {"before (ef1e172 defaults)": (BASELINE_COMMIT, [], SYSTEM_MALLOC),
             "defaults, K=24": (None, ["fl.clients_per_step=24"]),
             # the round path before the cluster-day work (trackers, progress, on-demand client
             # features, key encryption, the budget): 2026-12-07
-            "defaults, before 2026-12-07 (424c9e4)": ("424c9e4", [])}
+            "defaults, before 2026-12-07 (424c9e4)": ("424c9e4", []),
+            # what compiling costs and gains in fp32 per CPU kind (precision.resolve_compile):
+            # this core's own kernels, and AVX2's -- ATen's dispatch, oneDNN's and inductor's
+            # code limited to AVX2 on the same core, the CPU a user without fast bf16 has. A
+            # cold compile: inductor's caches off, as a machine's first run
+            **{f"fp32, {mode}{cold} ({kind})": (
+                None, ["model.dtype=float32", f"model.compile={mode == 'compiled'}"],
+                {**env, **({"TORCHINDUCTOR_FORCE_DISABLE_CACHES": "1"} if cold else {})})
+               for kind, env in (("native", {}), ("AVX2", AVX2))
+               for mode, cold in (("eager", ""), ("compiled", ""), ("compiled", ", cold"))}}
 
 MATRIX = ("aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm", "aten::mkldnn_convolution",
           "aten::convolution_backward", "aten::_convolution", "aten::mkldnn_linear",
@@ -464,7 +474,29 @@ def compare(reps: int, rounds: int, variants: dict[str, tuple]) -> dict[str, Any
         print(f"{name:28s} {t['updates_per_s']:10.2f} {t['updates_per_s'] / base['updates_per_s']:6.2f} "
               f"{t['first_round_s']:14.1f} {t['run12_s']:15.1f} {base['run12_s'] / t['run12_s']:6.2f}"
               f"  {t['malloc']}")
+    print_break_even(table)
     return table
+
+
+def print_break_even(table: dict[str, dict[str, Any]]) -> None:
+    """For each ``fp32, eager (K)`` with a ``fp32, compiled[, cold] (K)`` beside it: the compile's
+    cost (the first round's excess over a steady round, less the eager one's), the steady gain
+    per local step, and the lane steps after which the compile has paid for itself."""
+    steps = WORK.clients * WORK.local_steps  # a round's local steps (one rank: one lane)
+    for name, eager in table.items():
+        if not (name.startswith("fp32, eager (") and name.endswith(")")):
+            continue
+        kind = name[len("fp32, eager ("):-1]
+        for label in ("compiled", "compiled, cold"):
+            c = table.get(f"fp32, {label} ({kind})")
+            if c is None:
+                continue
+            cost = (c["first_round_s"] - c["round_s"]) - (eager["first_round_s"] - eager["round_s"])
+            gain = (eager["round_s"] - c["round_s"]) / steps
+            after = f"{cost / gain:,.0f} steps" if gain > 0 else "never (no gain)"
+            print(f"{kind}: {label}: compile {cost:.1f} s, step {eager['round_s'] / steps * 1e3:.1f}"
+                  f" -> {c['round_s'] / steps * 1e3:.1f} ms ({eager['round_s'] / c['round_s']:.2f}x), "
+                  f"repaid after {after}")
 
 
 def main() -> None:

@@ -42,28 +42,45 @@ def resolve_dtype(spec: str, device_type: str, compiled: bool = True) -> torch.d
     return torch.bfloat16 if compiled and cpu_has_fast_bf16() else torch.float32
 
 
-def resolve_compile(spec: bool | str, device_type: str) -> bool:
+# ``model.compile: auto`` on a CPU without fast bf16 (fp32 either way): compile when a lane's
+# steps over the whole run reach this many. What compiling fp32 costs and gains differs by
+# core (``bench/step_profile.py compare``, the fp32 variants; results/LOG.md, 2026-12-07): a
+# cold compile costs ~40 s (~4 s from inductor's on-disk cache); the step gained nothing on an
+# AVX-512 EPYC, native or limited to AVX2 (0.95-1.02x); 1.1-1.3x was reported on an AVX2-only
+# core (not measured here). At the tiny model's ~90 ms step, 10,000 steps make a cold compile
+# at most ~5% of a run that gains nothing, and repay it at least twice where the step gains
+# 1.1x; a wider model's longer steps only lower both shares.
+COMPILE_PAYS_AFTER_STEPS = 10_000
+
+
+def resolve_compile(spec: bool | str, device_type: str, lane_steps: int | None = None) -> bool:
     """``model.compile`` on a device of ``device_type``. ``auto``: on CUDA, and on CPUs with fast
     bf16 (the compiled step is where bf16 pays: ~2x a step in fp32 eagerly, measured by
-    ``bench/step_profile.py compare``). The environment variable ``CLUSTER_FL_COMPILE`` (``0`` or
-    ``1``) decides ``auto`` instead -- for a test suite whose hundreds of short runs would
-    otherwise each compile, or a machine where compiling is unwanted."""
+    ``bench/step_profile.py compare``); on other CPUs when the run is long enough to repay the
+    compile: ``lane_steps`` (a lane's local steps over the run, ``engine.setup.run_lane_steps``)
+    of at least :data:`COMPILE_PAYS_AFTER_STEPS`. The environment variable
+    ``CLUSTER_FL_COMPILE`` (``0`` or ``1``) decides ``auto`` instead -- for a test suite whose
+    hundreds of short runs would otherwise each compile, or a machine where compiling is
+    unwanted."""
     if spec != "auto":
         return bool(spec)
     env = os.environ.get("CLUSTER_FL_COMPILE", "").strip()
     if env in ("0", "1"):
         return env == "1"
-    return device_type == "cuda" or cpu_has_fast_bf16()
+    if device_type == "cuda" or cpu_has_fast_bf16():
+        return True
+    return lane_steps is not None and lane_steps >= COMPILE_PAYS_AFTER_STEPS
 
 
-def run_precision(dtype: str, compile: bool | str, device_type: str
-                  ) -> tuple[torch.dtype, bool]:
+def run_precision(dtype: str, compile: bool | str, device_type: str,
+                  lane_steps: int | None = None) -> tuple[torch.dtype, bool]:
     """(the frozen base's dtype, whether the step is compiled) of a run: ``model.dtype`` and
-    ``model.compile`` on its device (a sharded lane as an unsharded rank). Derived once on a
-    run's path (``engine.setup.build_world``) and handed to the model build -- a skeleton is
-    allocated in it -- and to :func:`~cluster_fl.distributed.parallelize.parallelize`, so the
-    two never disagree."""
-    compiled = resolve_compile(compile, device_type)
+    ``model.compile`` on its device (a sharded lane as an unsharded rank; ``lane_steps`` as
+    :func:`resolve_compile` takes it). Derived once on a run's path
+    (``engine.setup.build_world``) and handed to the model build -- a skeleton is allocated in
+    it -- and to :func:`~cluster_fl.distributed.parallelize.parallelize`, so the two never
+    disagree."""
+    compiled = resolve_compile(compile, device_type, lane_steps)
     return resolve_dtype(dtype, device_type, compiled), compiled
 
 

@@ -80,9 +80,10 @@ class ModelConfig:
     """``torch.compile`` each encoder and decoder layer of the training step (inductor: C++ on
     CPU, Triton on GPU; forward and backward) with symbolic shapes, so a run compiles one graph
     per layer type; a sharded lane (``model.shard: fsdp2``) compiles the same layers, FSDP2's
-    gathers staying outside the graphs. ``auto``: on CUDA and on CPUs with AMX-BF16/AVX512-BF16,
-    off elsewhere (environment ``CLUSTER_FL_COMPILE=0``/``1`` decides ``auto`` instead);
-    ``true`` / ``false``."""
+    gathers staying outside the graphs. ``auto``: on CUDA and on CPUs with AMX-BF16/AVX512-BF16;
+    on other CPUs when a lane's local steps over the run repay the compile
+    (``precision.COMPILE_PAYS_AFTER_STEPS``, docs/speed.md); environment
+    ``CLUSTER_FL_COMPILE=0``/``1`` decides ``auto`` instead; ``true`` / ``false``."""
     activation_checkpointing: bool = False
     """Recompute each encoder/decoder layer's activations in the backward pass (less memory)."""
     pad_to_window: bool = False

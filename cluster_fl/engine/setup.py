@@ -7,6 +7,7 @@ stays ignorant of the others.
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence
@@ -17,6 +18,7 @@ from torch import nn
 from cluster_fl.config import Config, require_resolved, to_dict
 from cluster_fl.distributed import Comm
 from cluster_fl.distributed.parallelize import LaneLayout, Placement, parallelize, resolve_device
+from cluster_fl.engine.batched import local_steps
 from cluster_fl.engine.client import ClientRunner
 from cluster_fl.engine.cohort import sampling_rate
 from cluster_fl.engine.evaluation import ShardedEvaluation
@@ -267,6 +269,21 @@ def sharded_from_meta(cfg: Config, layout: LaneLayout) -> bool:
     return cfg.model.checkpoint is None and not get_arch(cfg.model.arch).tiny
 
 
+def run_lane_steps(cfg: Config, client_sizes: Sequence[int], lanes: int) -> int:
+    """A lane's local steps over the whole run, expected: rounds x its share of the expected
+    cohort (in blocks of ``fl.clients_per_step``) x a client's mean steps a round (the engine's
+    ``local_steps`` over the clients' sizes) -- what a compile has to repay
+    (``precision.resolve_compile``)."""
+    fl = cfg.fl
+    if not client_sizes:
+        return 0
+    mean_steps = sum(local_steps(n, fl.batch_size, fl.local_epochs, fl.max_local_steps)
+                     for n in client_sizes) / len(client_sizes)
+    cohort = min(fl.clients_per_round, len(client_sizes))
+    blocks = math.ceil(math.ceil(cohort / max(1, lanes)) / max(1, fl.clients_per_step))
+    return int(fl.rounds * blocks * mean_steps)
+
+
 def build_world(cfg: Config, comm: Comm, log: Callable[[str], None]) -> World:
     from cluster_fl.models import (build_model, get_trainable, trainable_groups,
                                    trainable_parameters)
@@ -284,7 +301,8 @@ def build_world(cfg: Config, comm: Comm, log: Callable[[str], None]) -> World:
     # device, dtype and compilation derived once (precision.run_precision): a skeleton is
     # allocated in the dtype its lane runs in, never cast again
     device = resolve_device(cfg.run.device, comm.local_rank, comm.local_world_size)
-    precision = run_precision(cfg.model.dtype, cfg.model.compile, device.type)
+    precision = run_precision(cfg.model.dtype, cfg.model.compile, device.type,
+                              run_lane_steps(cfg, [c.size for c in clients], layout.lanes))
     # a fresh connector follows the seed
     model = build_model(cfg.model, meta=sharded_from_meta(cfg, layout), run_seed=cfg.seed,
                         storage_dtype=precision[0])

@@ -34,3 +34,19 @@ def test_the_environment_decides_auto_compilation_only(monkeypatch):
 
 def test_this_machines_probe_answers():
     assert isinstance(precision.cpu_has_fast_bf16(), bool)
+
+
+def test_auto_compiles_on_a_cpu_without_fast_bf16_when_the_run_repays_it(monkeypatch):
+    """Without fast bf16 the step is fp32 either way; compiling pays once a lane's steps over the
+    run amortise the compile (``COMPILE_PAYS_AFTER_STEPS``, measured by bench/step_profile.py)."""
+    monkeypatch.setattr(precision, "cpu_has_fast_bf16", lambda: False)
+    monkeypatch.delenv("CLUSTER_FL_COMPILE", raising=False)
+    n = precision.COMPILE_PAYS_AFTER_STEPS
+    assert n > 0
+    assert precision.resolve_compile("auto", "cpu") is False  # length unknown: eager
+    assert precision.resolve_compile("auto", "cpu", n - 1) is False
+    assert precision.resolve_compile("auto", "cpu", n) is True
+    assert precision.resolve_compile(False, "cpu", 10 * n) is False  # an explicit value wins
+    assert precision.run_precision("auto", "auto", "cpu", n) == (torch.float32, True)
+    monkeypatch.setenv("CLUSTER_FL_COMPILE", "0")
+    assert precision.resolve_compile("auto", "cpu", 10 * n) is False
