@@ -304,4 +304,19 @@ MUTANTS: list[Mutant] = [
             "test_a_lane_step_reads_nothing_back_and_equals_the_unsharded_step",),
            "a lane member divides its loss by its own slice's tokens, not the batch's: the lane's "
            "gradient is about G x too large"),
+    Mutant("encoder-input-transposed", "cluster_fl/models/speech_llm.py",
+           (("        x = nn.functional.gelu(enc.conv2(x)).permute(0, 2, 1).contiguous()\n"
+             "        x = x + enc.embed_positions.weight.index_select(",
+             "        x = nn.functional.gelu(enc.conv2(x)).permute(0, 2, 1)\n"
+             "        x = x + enc.embed_positions.weight.index_select("),),
+           (E + "test_compiled_step.py::"
+            "test_one_row_steps_train_as_the_eager_step_and_read_nothing_back",),
+           "the encoder's layers get the convolutions' transposed view: a compiled step's encoder "
+           "gradient of a one-utterance batch is 1-2% off"),
+    Mutant("compile-whatever-the-length", "cluster_fl/precision.py",
+           (("    return lane_steps is not None and lane_steps >= COMPILE_PAYS_AFTER_STEPS",
+             "    return True"),),
+           ("tests/config/test_precision.py::"
+            "test_auto_compiles_on_a_cpu_without_fast_bf16_when_the_run_repays_it",),
+           "a CPU without fast bf16 compiles a short run: ~40 s of compile for a step no faster"),
 ]
