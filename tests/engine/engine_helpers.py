@@ -53,6 +53,20 @@ def tiny_config(corpus: Path, out: Path, *extra: str) -> Config:
     return resolve_shapes(load_config(None, tiny_overrides(corpus, out, *extra)))
 
 
+def away_from_init(state: Mapping[str, torch.Tensor], seed: int = 1) -> dict[str, torch.Tensor]:
+    """``state`` moved off its init (LoRA B is zero there): every group's gradient is then
+    nonzero, so a relative comparison of updates weighs every group."""
+    g = torch.Generator().manual_seed(seed)
+    return {k: v + 0.05 * torch.randn(v.shape, generator=g) for k, v in state.items()}
+
+
+def rel_diff(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> float:
+    """Relative L2 difference ``|a - b| / |a|`` of two updates over all of ``a``'s groups."""
+    num = sum(float((a[k] - b[k]).double().norm() ** 2) for k in a)
+    den = sum(float(a[k].double().norm() ** 2) for k in a)
+    return math.sqrt(num / den)
+
+
 def cohort_sizes(folder: Path) -> list[int]:
     """The realised cohort size of every round, from the run's operator log (the run folder
     releases none)."""

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +21,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine_helpers import cohort_sizes, read_run, tiny_config, tiny_overrides, training_worker
+from engine_helpers import (cohort_sizes, read_run, rel_diff, tiny_config, tiny_overrides,
+                            training_worker)
 
 from cluster_fl.config import dump_config, override
 from cluster_fl.distributed import LocalComm, bitwise_differences, spawn
@@ -38,10 +38,6 @@ K = 3
 BATCHED = ("fl.clients_per_step=3",)
 
 
-def _rel(a: dict, b: dict) -> float:
-    num = sum(float((a[k] - b[k]).double().norm() ** 2) for k in a)
-    den = sum(float(a[k].double().norm() ** 2) for k in a)
-    return math.sqrt(num / den)
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +89,7 @@ def test_each_client_in_a_block_gets_its_one_client_update(both):
     assert [u.steps for u in bat] == [u.steps for u in seq]
     assert len(set(u.steps for u in seq)) > 1, "clients should take unequal numbers of steps"
     for a, b in zip(seq, bat):
-        assert _rel(a.delta, b.delta) < REL_TOL, a.client
+        assert rel_diff(a.delta, b.delta) < REL_TOL, a.client
         assert b.loss == pytest.approx(a.loss, rel=1e-5)
         assert b.n_samples == a.n_samples
 
@@ -115,7 +111,7 @@ def test_every_clipping_method_decides_and_clips_the_same(world, both, method):
     for a, b in zip(seq, bat):
         ra, rb = policy.clip(a.delta), policy.clip(b.delta)
         assert ra.clipped == rb.clipped, (method, a.client)
-        assert _rel(ra.update, rb.update) < REL_TOL
+        assert rel_diff(ra.update, rb.update) < REL_TOL
 
 
 def test_a_finished_client_and_a_frozen_group_do_not_move():
@@ -167,7 +163,7 @@ def test_a_nonfinite_client_does_not_contaminate_its_block(world, block, moved_s
     assert not all(torch.isfinite(v).all() for v in out[2].delta.values())
     for j in (0, 1, 3):
         assert all(torch.isfinite(v).all() for v in out[j].delta.values())
-        assert _rel(seq[j].delta, out[j].delta) < REL_TOL
+        assert rel_diff(seq[j].delta, out[j].delta) < REL_TOL
 
 
 def test_blocks_are_formed_from_the_cohort_and_sharded_whole():
@@ -240,7 +236,7 @@ def test_batched_two_ranks_equal_one_process_bit_for_bit(tiny_corpus, batched_on
     assert any(len(b) > 1 for r in (1, 2) for b in world.engine.cohort(r)[1])
     # and it trained like one client at a time (same cohort, same noise): states within
     # tolerance, the same privacy spent
-    assert _rel(reference_run["state"], batched_one["state"]) < 1e-3
+    assert rel_diff(reference_run["state"], batched_one["state"]) < 1e-3
     assert cohort_sizes(reference_run["folder"]) == cohort_sizes(batched_one["folder"])
     for a, b in zip(reference_run["rows"], batched_one["rows"]):
         for key in [k for k in a if k.startswith("eps")]:
@@ -290,7 +286,7 @@ def test_a_zero_lr_multiplier_freezes_a_component_in_a_block_as_alone(world, blo
         enc = [k for k in a.delta if k.startswith("encoder.")]
         assert enc and all(torch.count_nonzero(b.delta[k]) == 0 for k in enc)
         assert all(torch.count_nonzero(a.delta[k]) == 0 for k in enc)
-        assert _rel(a.delta, b.delta) < REL_TOL
+        assert rel_diff(a.delta, b.delta) < REL_TOL
 
 
 def test_batched_clients_with_sharded_lanes_is_a_config_error():

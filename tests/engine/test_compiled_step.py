@@ -12,12 +12,11 @@ the default suite's 10-minute budget cannot carry; `.ci/run` runs the slow tests
 
 from __future__ import annotations
 
-import math
 
 import pytest
 import torch
 
-from engine_helpers import tiny_config
+from engine_helpers import away_from_init, rel_diff, tiny_config
 
 from cluster_fl.distributed import LocalComm
 
@@ -25,10 +24,6 @@ REL_TOL = 1e-4
 pytestmark = pytest.mark.slow
 
 
-def _rel(a: dict, b: dict) -> float:
-    num = sum(float((a[k] - b[k]).double().norm() ** 2) for k in a)
-    den = sum(float(a[k].double().norm() ** 2) for k in a)
-    return math.sqrt(num / den)
 
 
 def _world(tiny_corpus, out, *extra):
@@ -49,10 +44,7 @@ def worlds(tiny_corpus, reference_run, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def state(worlds):
-    # away from init (LoRA B is zero at init): every group's gradient is then nonzero
-    g = torch.Generator().manual_seed(1)
-    return {k: v + 0.05 * torch.randn(v.shape, generator=g)
-            for k, v in worlds[0].initial_state.items()}
+    return away_from_init(worlds[0].initial_state)
 
 
 def test_the_compiled_step_trains_each_client_as_the_eager_step_does(worlds, state):
@@ -66,7 +58,7 @@ def test_the_compiled_step_trains_each_client_as_the_eager_step_does(worlds, sta
         a = eager.engine.runner.train(c, items, state, 1)
         b = compiled.engine.runner.train(c, items, state, 1)
         assert a.steps == b.steps
-        assert _rel(a.delta, b.delta) < REL_TOL, c
+        assert rel_diff(a.delta, b.delta) < REL_TOL, c
         assert b.loss == pytest.approx(a.loss, rel=1e-5)
     # graphs (forward + its backward): the first encoder layer (its input needs no gradient),
     # the other encoder layers, the decoder layers -- each once with a symbolic batch and once
@@ -82,7 +74,7 @@ def test_a_compiled_block_of_clients_equals_the_eager_block(worlds, state):
     b = list(compiled.engine.runner.train_cohort(block, state, 1))
     for x, y in zip(a, b):
         assert x.steps == y.steps
-        assert _rel(x.delta, y.delta) < REL_TOL, x.client
+        assert rel_diff(x.delta, y.delta) < REL_TOL, x.client
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +100,7 @@ def test_one_row_steps_train_as_the_eager_step_and_read_nothing_back(one_row_wor
         a = eager.engine.runner.train(c, items, state, 1)
         b = compiled.engine.runner.train(c, items, state, 1)  # compiles (and warms) the graphs
         assert a.steps == b.steps > 1
-        assert _rel(a.delta, b.delta) < REL_TOL, c
+        assert rel_diff(a.delta, b.delta) < REL_TOL, c
     items = compiled.engine.clients[1].load()
     reads = HostReads(monkeypatch)
     update = compiled.engine.runner.train(1, items, state, 1)

@@ -16,7 +16,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine_helpers import tiny_overrides  # noqa: E402
+from engine_helpers import away_from_init, rel_diff, tiny_overrides  # noqa: E402
 
 from cluster_fl.distributed import spawn  # noqa: E402
 
@@ -42,10 +42,7 @@ def lane_worker(comm: Any, overrides: list[str], perturb: bool = False) -> dict[
     data = client.load()
     out: dict[str, Any] = {"reads": {}}
     saved = runner.fl
-    state = world.initial_state
-    if perturb:
-        g = torch.Generator().manual_seed(1)
-        state = {k: v + 0.05 * torch.randn(v.shape, generator=g) for k, v in state.items()}
+    state = away_from_init(world.initial_state) if perturb else world.initial_state
     for steps in (1, 2):
         runner.fl = dataclasses.replace(saved, max_local_steps=steps)
         runner.train(client.index, data, state, 1)  # warm first-call caches
@@ -78,15 +75,9 @@ def test_a_lane_step_reads_nothing_back_and_equals_the_unsharded_step(overrides)
             got = member[f"delta{steps}"]
             assert got.keys() == want.keys()
             # float32, summed in another order: the tolerance of test_lanes.py (REL_TOL)
-            a = torch.cat([want[k].double().reshape(-1) for k in sorted(want)])
-            b = torch.cat([got[k].double().reshape(-1) for k in sorted(want)])
-            assert float((a - b).norm() / a.norm()) <= 1e-5
+            assert rel_diff(want, got) <= 1e-5
 
 
-def _rel(want: dict, got: dict) -> float:
-    a = torch.cat([want[k].double().reshape(-1) for k in sorted(want)])
-    b = torch.cat([got[k].double().reshape(-1) for k in sorted(want)])
-    return float((a - b).norm() / a.norm())
 
 
 @pytest.mark.slow  # inductor compiles the layers in both ranks (~1 min on 2 cores, warm cache)
@@ -107,4 +98,4 @@ def test_a_compiled_lane_step_reads_nothing_back_and_equals_the_eager_lane(overr
             assert n == PER_CLIENT, report
     for steps in (1, 2):
         for member in compiled:
-            assert _rel(eager[0][f"delta{steps}"], member[f"delta{steps}"]) < 1e-4
+            assert rel_diff(eager[0][f"delta{steps}"], member[f"delta{steps}"]) < 1e-4
