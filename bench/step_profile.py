@@ -76,6 +76,8 @@ VARIANTS = {"before (ef1e172 defaults)": (BASELINE_COMMIT, [], SYSTEM_MALLOC),
             # the round path before the cluster-day work (trackers, progress, on-demand client
             # features, key encryption, the budget): 2026-12-07
             "defaults, before 2026-12-07 (424c9e4)": ("424c9e4", []),
+            # before the compiled lane, float specialisation and the row-major encoder input
+            "defaults, before the compiled lane (d0c4d4e)": ("d0c4d4e", []),
             # what compiling costs and gains in fp32 per CPU kind (precision.resolve_compile):
             # this core's own kernels, and AVX2's -- ATen's dispatch, oneDNN's and inductor's
             # code limited to AVX2 on the same core, the CPU a user without fast bf16 has. A
